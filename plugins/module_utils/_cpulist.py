@@ -1,0 +1,224 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Linux CPU lists and CPU masks: parse, format, convert.
+
+Private module_utils of gpunode.tuning. Standard library only, no Ansible
+imports: the boot-time entry point of the nic_irq_pinning role imports this
+file on the target without Ansible installed.
+
+Formats follow the kernel (lib/bitmap-str.c):
+
+* CPU list, as in ``/proc/irq/N/smp_affinity_list`` or ``isolcpus=``:
+  ``0-3,8,10-11``. The kernel's group syntax ``0-15:2/4`` (use 2 CPUs of
+  every group of 4 in the range) is accepted on input too.
+* CPU mask, as in ``/proc/irq/N/smp_affinity``: hex, in comma separated
+  32-bit words, most significant word first (``ff,ffffffff``).
+"""
+
+from __future__ import annotations
+
+import re
+
+MAX_CPUS = 8192
+
+_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+)/(\d+))?)?$")
+_WORD_RE = re.compile(r"^[0-9a-fA-F]{1,8}$")
+
+
+class CpuListError(ValueError):
+    """A CPU list or mask that cannot be parsed.
+
+    ``value`` is the offending input (or the offending item of it) and
+    ``expected`` says what would have been accepted.
+    """
+
+    def __init__(self, message, value=None, expected=None):
+        super(CpuListError, self).__init__(message)
+        self.value = value
+        self.expected = expected
+
+    @property
+    def details(self):
+        return {"value": self.value, "expected": self.expected}
+
+
+def _check_limit(cpu, max_cpus, text):
+    if cpu >= max_cpus:
+        raise CpuListError(
+            "CPU %d in %r is beyond the limit of %d CPUs" % (cpu, text, max_cpus),
+            value=text,
+            expected="CPU numbers from 0 to %d" % (max_cpus - 1),
+        )
+
+
+def parse_cpulist(text, max_cpus=MAX_CPUS):
+    """Return the sorted, de-duplicated CPUs of a Linux CPU list.
+
+    ``""`` (and whitespace only) is the empty list, as the kernel prints it.
+    Integers and lists of integers are accepted too, so callers can pass
+    inventory values through unchanged.
+    """
+    if isinstance(text, bool):
+        raise CpuListError("%r is not a CPU list" % (text,), value=text, expected="a CPU list such as '0-3,8'")
+    if isinstance(text, int):
+        text = str(text)
+    if isinstance(text, (list, tuple, set, frozenset)):
+        return _parse_cpu_iterable(text, max_cpus)
+    if not isinstance(text, str):
+        raise CpuListError(
+            "%r is not a CPU list" % (text,), value=text, expected="a CPU list string such as '0-3,8' or a list of integers"
+        )
+    stripped = text.strip()
+    if not stripped:
+        return []
+    cpus = set()
+    for raw in stripped.split(","):
+        item = raw.strip()
+        if not item:
+            raise CpuListError(
+                "empty item in CPU list %r" % (text,), value=text, expected="comma separated CPU numbers or ranges, no empty items"
+            )
+        match = _RANGE_RE.match(item)
+        if not match:
+            expected = "a CPU number or range such as 4 or 0-3"
+            if item.startswith("-"):
+                message = "negative CPU number %r in CPU list %r" % (item, text)
+            else:
+                message = "cannot parse %r in CPU list %r" % (item, text)
+            raise CpuListError(message, value=item, expected=expected)
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) is not None else first
+        if last < first:
+            raise CpuListError(
+                "reversed range %r in CPU list %r" % (item, text), value=item, expected="a range whose start is not above its end, such as %d-%d" % (last, first)
+            )
+        _check_limit(last, max_cpus, text)
+        if match.group(3) is not None:
+            used, group = int(match.group(3)), int(match.group(4))
+            if group == 0 or used == 0 or used > group:
+                raise CpuListError(
+                    "bad group %r in CPU list %r" % (item, text), value=item, expected="a group suffix :used/size with 0 < used <= size"
+                )
+            for base in range(first, last + 1, group):
+                cpus.update(c for c in range(base, min(base + used, last + 1)))
+        else:
+            cpus.update(range(first, last + 1))
+    return sorted(cpus)
+
+
+def _parse_cpu_iterable(values, max_cpus):
+    cpus = set()
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, str) and value.strip().isdigit():
+                value = int(value.strip())
+            else:
+                raise CpuListError("%r is not a CPU number" % (value,), value=value, expected="a non-negative integer")
+        if value < 0:
+            raise CpuListError("negative CPU number %d" % value, value=value, expected="a non-negative integer")
+        _check_limit(value, max_cpus, str(value))
+        cpus.add(value)
+    return sorted(cpus)
+
+
+def format_cpulist(cpus):
+    """Format CPUs as the kernel does: ascending, ranges for runs of 2 or more."""
+    ordered = sorted(set(_parse_cpu_iterable(cpus, MAX_CPUS)))
+    parts = []
+    start = prev = None
+    for cpu in ordered:
+        if start is None:
+            start = prev = cpu
+        elif cpu == prev + 1:
+            prev = cpu
+        else:
+            parts.append(_span(start, prev))
+            start = prev = cpu
+    if start is not None:
+        parts.append(_span(start, prev))
+    return ",".join(parts)
+
+
+def _span(start, end):
+    return str(start) if start == end else "%d-%d" % (start, end)
+
+
+def parse_cpumask(text, ncpus=None):
+    """Return the CPUs set in a hex CPU mask such as ``ff,ffffffff``.
+
+    ``ncpus`` is the number of CPU ids the machine has (``nr_cpu_ids``);
+    a bit set at or above it is an error.
+    """
+    if not isinstance(text, str):
+        raise CpuListError("%r is not a CPU mask" % (text,), value=text, expected="hex words separated by commas, such as ff,ffffffff")
+    stripped = text.strip()
+    if not stripped:
+        raise CpuListError("empty CPU mask", value=text, expected="hex words separated by commas, such as ff,ffffffff")
+    words = stripped.split(",")
+    if len(words) * 32 > MAX_CPUS + 31:
+        raise CpuListError(
+            "CPU mask %r has %d words, more than %d CPUs" % (text, len(words), MAX_CPUS), value=text, expected="at most %d CPUs" % MAX_CPUS
+        )
+    value = 0
+    for word in words:
+        if not _WORD_RE.match(word):
+            raise CpuListError(
+                "bad word %r in CPU mask %r" % (word, text), value=word, expected="1 to 8 hex digits per comma separated 32-bit word"
+            )
+        value = (value << 32) | int(word, 16)
+    cpus = []
+    bit = 0
+    while value:
+        if value & 1:
+            cpus.append(bit)
+        value >>= 1
+        bit += 1
+    limit = MAX_CPUS if ncpus is None else ncpus
+    if cpus and cpus[-1] >= limit:
+        raise CpuListError(
+            "CPU mask %r sets CPU %d, wider than the %d CPUs of this machine" % (text, cpus[-1], limit),
+            value=text,
+            expected="bits only for CPUs 0 to %d" % (limit - 1),
+        )
+    return cpus
+
+
+def format_cpumask(cpus, ncpus):
+    """Format CPUs as the kernel prints a cpumask of ``ncpus`` bits.
+
+    Every 32-bit word has 8 hex digits except the most significant, which
+    has as many as its bits need, exactly like ``/proc/irq/N/smp_affinity``.
+    """
+    if isinstance(ncpus, bool) or not isinstance(ncpus, int) or ncpus < 1 or ncpus > MAX_CPUS:
+        raise CpuListError("bad CPU count %r" % (ncpus,), value=ncpus, expected="an integer from 1 to %d" % MAX_CPUS)
+    ordered = _parse_cpu_iterable(cpus, MAX_CPUS)
+    if ordered and ordered[-1] >= ncpus:
+        raise CpuListError(
+            "CPU %d does not fit a mask of %d CPUs" % (ordered[-1], ncpus), value=ordered[-1], expected="CPUs 0 to %d" % (ncpus - 1)
+        )
+    value = 0
+    for cpu in ordered:
+        value |= 1 << cpu
+    nwords = (ncpus + 31) // 32
+    top_bits = ncpus - (nwords - 1) * 32
+    words = []
+    for index in range(nwords - 1, -1, -1):
+        word = (value >> (32 * index)) & 0xFFFFFFFF
+        width = (top_bits + 3) // 4 if index == nwords - 1 else 8
+        words.append("%0*x" % (width, word))
+    return ",".join(words)
+
+
+def cpulist_difference(left, right):
+    """CPUs of ``left`` that are not in ``right``, as a sorted list."""
+    return sorted(set(parse_cpulist(left)) - set(parse_cpulist(right)))
+
+
+def cpulist_union(left, right):
+    return sorted(set(parse_cpulist(left)) | set(parse_cpulist(right)))
+
+
+def cpulist_intersection(left, right):
+    return sorted(set(parse_cpulist(left)) & set(parse_cpulist(right)))
