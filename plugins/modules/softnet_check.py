@@ -1,0 +1,521 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: softnet_check
+short_description: Prove or rule out contention between NIC interrupts and compute on a host
+version_added: 0.1.0
+description:
+  - Samples, at the same two instants O(interval) seconds apart, every signal of the "confirm you actually have
+    contention" step of the NIC IRQ affinity guide; no C(mpstat) or sysstat needed.
+  - "Per-CPU C(time_squeeze), C(dropped) and C(processed) deltas from C(/proc/net/softnet_stat). Every layout is
+    parsed (9, 10, 11, 13, 15 columns and wider). Rows are mapped to CPUs by the CPU-index column (13 columns and
+    more), else by the order of C(/sys/devices/system/cpu/online). The counters are u32 and wrap."
+  - Per-CPU C(%usr), C(%nice), C(%sys), C(%iowait), C(%irq), C(%soft), C(%steal) and C(%idle) from C(/proc/stat)
+    deltas, computed as mpstat computes them (guest time taken out of user time).
+  - Per-CPU C(NET_RX) softirq counts from C(/proc/softirqs).
+  - The interface's receive and transmit throughput from C(/proc/net/dev), against its link speed from
+    C(/sys/class/net/IFACE/speed). An unknown or C(-1) speed is reported as unknown, never as zero.
+  - The IRQ CPUs are where the NIC's queue IRQs currently land (effective affinity, else affinity), read with the
+    same code as M(gpunode.tuning.nic_irq_facts). O(irq_cpus) overrides them.
+  - Returns a verdict (V(contention), V(no_contention) or V(inconclusive)) with reasons that quote the numbers, and
+    flags squeezes on CPUs that carry no NIC IRQ.
+  - Read-only. It sleeps O(interval) seconds between the two samples, also in check mode.
+author:
+  - gpunode.tuning contributors
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; check mode samples exactly as a normal run does and changes nothing.
+  diff_mode:
+    support: none
+    details: Nothing is changed, so there is nothing to diff.
+options:
+  interface:
+    description:
+      - Network interface to check, for example C(ens7).
+      - At most one of O(interface), O(pci_address), O(mac) and O(cidr). With none, the interface of the default
+        route is used.
+    type: str
+  pci_address:
+    description:
+      - PCI address of the NIC function, for example C(0000:42:01.0). The interface is rediscovered from it.
+    type: str
+  mac:
+    description:
+      - MAC address of the interface.
+    type: str
+  cidr:
+    description:
+      - A network such as C(10.20.0.0/16); the one physical interface with an address in it is used.
+    type: str
+  irq_cpus:
+    description:
+      - CPUs that handle the NIC's interrupts, as a CPU list (C(0-10)) or a list of integers.
+      - Overrides the CPUs read from the NIC's queue IRQs.
+    type: raw
+  interval:
+    description:
+      - Seconds between the two samples. Fractions are allowed. At most 3600.
+    type: float
+    default: 10
+  squeeze_threshold:
+    description:
+      - C(time_squeeze) events per 10 seconds, summed over the IRQ CPUs, at or above which signal 1 (squeezes on
+        the IRQ CPUs) holds. Scaled to O(interval).
+      - The guide describes contention as hundreds of squeezes per 10 seconds.
+    type: float
+    default: 100
+  squeeze_quiet:
+    description:
+      - C(time_squeeze) events per 10 seconds, summed over all CPUs, below which the squeezes count as near zero
+        and the verdict is V(no_contention). Scaled to O(interval). Must not exceed O(squeeze_threshold).
+    type: float
+    default: 10
+  softirq_pct:
+    description:
+      - Minimum C(%soft) of an IRQ CPU for signal 2 (softirq on CPUs that also run user work).
+    type: float
+    default: 5
+  user_pct:
+    description:
+      - Minimum C(%usr) of an IRQ CPU for signal 2.
+    type: float
+    default: 40
+  max_link_util_pct:
+    description:
+      - Link utilisation (the busier direction, in percent of the link speed) below which signal 3 (the link is
+        far from saturated) holds.
+    type: float
+    default: 10
+  link_speed_mbps:
+    description:
+      - Link speed in Mbit/s, for NICs whose C(speed) file is unknown or C(-1) (virtio, some VFs).
+    type: int
+  fail_on_contention:
+    description:
+      - Fail the task when the verdict is V(contention), for pipelines that gate on it. All return values are
+        still returned.
+    type: bool
+    default: false
+  procfs_path:
+    description:
+      - Root of the proc filesystem to read. For tests and captured trees.
+    type: path
+    default: /proc
+  sysfs_path:
+    description:
+      - Root of the sys filesystem to read. For tests and captured trees.
+    type: path
+    default: /sys
+notes:
+  - Take the measurement while the training job runs and moves storage traffic; on an idle host every check
+    correctly reports nothing wrong.
+  - Verdict rules, in order. No IRQ CPUs known gives V(inconclusive). Squeezes on all CPUs below O(squeeze_quiet)
+    give V(no_contention). Squeezes on the IRQ CPUs below O(squeeze_threshold) give V(inconclusive). IRQ CPUs
+    without both O(softirq_pct) and O(user_pct) give V(inconclusive) (rate, not contention). An unknown link speed
+    or throughput gives V(inconclusive). Link utilisation at or above O(max_link_util_pct) gives V(inconclusive).
+    Otherwise V(contention).
+seealso:
+  - module: gpunode.tuning.nic_irq_facts
+  - module: gpunode.tuning.nic_irq_affinity
+"""
+
+EXAMPLES = r"""
+- name: Check the default-route NIC for 10 seconds
+  gpunode.tuning.softnet_check:
+  register: softnet
+
+- name: Show the verdict
+  ansible.builtin.debug:
+    msg: "{{ softnet.verdict }}: {{ softnet.reasons | join('; ') }}"
+
+- name: Gate a pipeline on the storage NIC, with the seed's CPUs 0-10 as IRQ CPUs
+  gpunode.tuning.softnet_check:
+    pci_address: "0000:42:01.0"
+    irq_cpus: 0-10
+    interval: 10
+    fail_on_contention: true
+
+- name: Quick look at a virtio NIC that reports no speed
+  gpunode.tuning.softnet_check:
+    interface: enp66s1
+    interval: 2.5
+    link_speed_mbps: 10000
+"""
+
+RETURN = r"""
+changed:
+  description: Always false; the module only reads.
+  returned: always
+  type: bool
+  sample: false
+verdict:
+  description: V(contention), V(no_contention) or V(inconclusive).
+  returned: always
+  type: str
+  sample: contention
+reasons:
+  description: Why, in sentences that quote the measured numbers and the thresholds.
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - "time_squeeze on IRQ CPUs 0-10: 1650 in 10 s (1650 per 10 s), at or above 100 per 10 s"
+    - "IRQ CPUs 0-10 also run user work: usr 55-65 %, soft 8-17 % (thresholds usr >= 40 %, soft >= 5 %)"
+    - "link ens7 far from saturated: 3.5 % of 200000 Mbit/s (rx 7000, tx 120 Mbit/s), below 10 %"
+signals:
+  description: The three signals of the guide; null where the rules did not get that far.
+  returned: always
+  type: dict
+  contains:
+    squeezes_on_irq_cpus:
+      description: Squeezes on the IRQ CPUs at or above O(squeeze_threshold).
+      type: bool
+      returned: always
+    irq_cpus_busy:
+      description: At least one IRQ CPU at or above both O(softirq_pct) and O(user_pct).
+      type: bool
+      returned: always
+    link_not_saturated:
+      description: Link utilisation below O(max_link_util_pct).
+      type: bool
+      returned: always
+interface:
+  description: The interface checked; null when no NIC could be found (then the verdict is V(inconclusive)).
+  returned: always
+  type: str
+  sample: ens7
+pci_address:
+  description: PCI address of the interface's function, or null.
+  returned: always
+  type: str
+  sample: "0000:42:01.0"
+driver:
+  description: Driver of the interface, or null.
+  returned: always
+  type: str
+  sample: mlx5_core
+irq_cpus:
+  description: The IRQ CPUs the verdict used.
+  returned: always
+  type: list
+  elements: int
+  sample: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+irq_cpulist:
+  description: O(irq_cpus) as a CPU list string.
+  returned: always
+  type: str
+  sample: 0-10
+irq_cpus_source:
+  description:
+    - Where the IRQ CPUs came from. V(option), V(effective_affinity), V(affinity) (the kernel has no effective
+      affinity list), V(mixed) or V(none) (no queue IRQs found).
+  returned: always
+  type: str
+  sample: effective_affinity
+hot_cpus:
+  description: CPUs with squeezes at or above O(squeeze_quiet) per 10 s, or with both softirq and user time at or
+    above their thresholds.
+  returned: always
+  type: list
+  elements: int
+  sample: [0, 1, 2]
+busy_irq_cpus:
+  description: IRQ CPUs at or above both O(softirq_pct) and O(user_pct).
+  returned: always
+  type: list
+  elements: int
+  sample: [0, 1, 2]
+non_irq_squeeze_cpus:
+  description: CPUs that squeezed during the sample but carry no NIC queue IRQ.
+  returned: always
+  type: list
+  elements: int
+  sample: [12]
+online_cpus:
+  description: Online CPUs at the first sample.
+  returned: always
+  type: list
+  elements: int
+  sample: [0, 1, 2, 3]
+interval_requested:
+  description: O(interval) as given.
+  returned: always
+  type: float
+  sample: 10.0
+interval:
+  description: Measured seconds between the two samples; every rate uses it.
+  returned: always
+  type: float
+  sample: 10.001
+softnet:
+  description: The C(/proc/net/softnet_stat) layout found.
+  returned: always
+  type: dict
+  contains:
+    width:
+      description: Columns per row.
+      type: int
+      returned: always
+      sample: 13
+    layout:
+      description: Which kernels print this width.
+      type: str
+      returned: always
+      sample: "13 columns (kernel 5.10-6.3, RHEL 8.5+: + backlog_len, CPU index)"
+    cpu_mapping:
+      description: V(index_column) (rows carry their CPU id) or V(online_order).
+      type: str
+      returned: always
+      sample: index_column
+cpus:
+  description: One entry per CPU, ascending. Percentages are null for a CPU without a C(/proc/stat) line.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    cpu:
+      description: CPU id.
+      type: int
+      returned: always
+    online:
+      description: Whether the CPU was online.
+      type: bool
+      returned: always
+    irq_cpu:
+      description: Whether the CPU is one of the IRQ CPUs.
+      type: bool
+      returned: always
+    hot:
+      description: Whether the CPU is in RV(hot_cpus).
+      type: bool
+      returned: always
+    usr:
+      description: "%usr as mpstat computes it (user minus guest)."
+      type: float
+      returned: always
+    nice:
+      description: "%nice (nice minus guest_nice)."
+      type: float
+      returned: always
+    sys:
+      description: "%sys."
+      type: float
+      returned: always
+    iowait:
+      description: "%iowait."
+      type: float
+      returned: always
+    irq:
+      description: "%irq (hard interrupts)."
+      type: float
+      returned: always
+    soft:
+      description: "%soft (all softirqs)."
+      type: float
+      returned: always
+    steal:
+      description: "%steal."
+      type: float
+      returned: always
+    guest:
+      description: "%guest."
+      type: float
+      returned: always
+    gnice:
+      description: "%gnice."
+      type: float
+      returned: always
+    idle:
+      description: "%idle."
+      type: float
+      returned: always
+    ticks:
+      description: USER_HZ ticks of this CPU in the interval (mpstat's per-CPU interval).
+      type: int
+      returned: always
+    time_squeeze:
+      description: C(time_squeeze) delta (u32 wrap handled); null when the CPU has no softnet row.
+      type: int
+      returned: always
+    squeeze_per_10s:
+      description: C(time_squeeze) scaled to 10 seconds.
+      type: float
+      returned: always
+    dropped:
+      description: Backlog drops (C(netdev_max_backlog) exceeded) delta.
+      type: int
+      returned: always
+    processed:
+      description: Packets processed delta.
+      type: int
+      returned: always
+    net_rx:
+      description: C(NET_RX) softirqs in the interval; null when C(/proc/softirqs) has none.
+      type: int
+      returned: always
+    net_rx_per_s:
+      description: C(NET_RX) softirqs per second.
+      type: float
+      returned: always
+link:
+  description: Throughput of the interface; null without an interface.
+  returned: always
+  type: dict
+  contains:
+    interface:
+      description: Interface name.
+      type: str
+      returned: always
+    speed_mbps:
+      description: Link speed in Mbit/s, or null when unknown (never 0 for unknown).
+      type: int
+      returned: always
+    speed_source:
+      description: V(sysfs), V(option) or V(unknown).
+      type: str
+      returned: always
+    rx_bytes:
+      description: Bytes received in the interval.
+      type: int
+      returned: always
+    tx_bytes:
+      description: Bytes sent in the interval.
+      type: int
+      returned: always
+    rx_packets:
+      description: Packets received in the interval.
+      type: int
+      returned: always
+    tx_packets:
+      description: Packets sent in the interval.
+      type: int
+      returned: always
+    rx_mbps:
+      description: Receive rate in Mbit/s.
+      type: float
+      returned: always
+    tx_mbps:
+      description: Transmit rate in Mbit/s.
+      type: float
+      returned: always
+    utilisation_pct:
+      description: The busier direction in percent of the link speed, or null when the speed is unknown.
+      type: float
+      returned: always
+totals:
+  description: Sums over the CPUs.
+  returned: always
+  type: dict
+  contains:
+    time_squeeze:
+      description: Squeezes on all CPUs.
+      type: int
+      returned: always
+    time_squeeze_irq_cpus:
+      description: Squeezes on the IRQ CPUs.
+      type: int
+      returned: always
+    time_squeeze_other_cpus:
+      description: Squeezes on CPUs without NIC IRQs.
+      type: int
+      returned: always
+    time_squeeze_per_10s:
+      description: All squeezes scaled to 10 seconds.
+      type: float
+      returned: always
+    time_squeeze_irq_cpus_per_10s:
+      description: IRQ-CPU squeezes scaled to 10 seconds.
+      type: float
+      returned: always
+    dropped:
+      description: Backlog drops on all CPUs.
+      type: int
+      returned: always
+thresholds:
+  description: The thresholds used, plus the squeeze thresholds scaled to the measured interval.
+  returned: always
+  type: dict
+  sample:
+    squeeze_threshold: 100.0
+    squeeze_quiet: 10.0
+    softirq_pct: 5.0
+    user_pct: 40.0
+    max_link_util_pct: 10.0
+    interval_scale: 1.0
+    squeeze_threshold_in_window: 100.0
+    squeeze_quiet_in_window: 10.0
+notes:
+  description: What could not be read or was guessed (missing effective affinity, NUMA hint, NET_RX line ...).
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic import NicError
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import SoftnetError, run_check
+
+ARGUMENT_SPEC = dict(
+    interface=dict(type="str"),
+    pci_address=dict(type="str"),
+    mac=dict(type="str"),
+    cidr=dict(type="str"),
+    irq_cpus=dict(type="raw"),
+    interval=dict(type="float", default=10.0),
+    squeeze_threshold=dict(type="float", default=100.0),
+    squeeze_quiet=dict(type="float", default=10.0),
+    softirq_pct=dict(type="float", default=5.0),
+    user_pct=dict(type="float", default=40.0),
+    max_link_util_pct=dict(type="float", default=10.0),
+    link_speed_mbps=dict(type="int"),
+    fail_on_contention=dict(type="bool", default=False),
+    procfs_path=dict(type="path", default="/proc"),
+    sysfs_path=dict(type="path", default="/sys"),
+)
+
+
+def _runner(module):
+    ethtool = module.get_bin_path("ethtool")
+
+    def run(argv):
+        if argv and argv[0] == "ethtool":
+            if ethtool is None:
+                return 127, "", "ethtool is not installed"
+            argv = [ethtool] + list(argv[1:])
+        return module.run_command(argv)
+
+    return run
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        mutually_exclusive=[("interface", "pci_address", "mac", "cidr")],
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        result = run_check(
+            params,
+            procfs=params["procfs_path"],
+            sysfs=params["sysfs_path"],
+            run=_runner(module),
+        )
+    except (SoftnetError, NicError) as exc:
+        module.fail_json(msg=str(exc), changed=False, **getattr(exc, "details", {}))
+    if params["fail_on_contention"] and result["verdict"] == "contention":
+        module.fail_json(msg="contention: " + "; ".join(result["reasons"]), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
