@@ -92,7 +92,9 @@ def parse_cpulist(text, max_cpus=MAX_CPUS):
         last = int(match.group(2)) if match.group(2) is not None else first
         if last < first:
             raise CpuListError(
-                "reversed range %r in CPU list %r" % (item, text), value=item, expected="a range whose start is not above its end, such as %d-%d" % (last, first)
+                "reversed range %r in CPU list %r" % (item, text),
+                value=item,
+                expected="a range whose start is not above its end, such as %d-%d" % (last, first),
             )
         _check_limit(last, max_cpus, text)
         if match.group(3) is not None:

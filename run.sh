@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# The project's single entry point.
+#
+#   ./run.sh diagnose [ansible-playbook args...]  install, then diagnose this machine (read-only)
+#   ./run.sh test                                 install, then the whole test suite, in order:
+#                                                 unit, sanity, lint, molecule
+#   ./run.sh deps | unit | sanity | lint | molecule | lab-down
+#
+# Runs as root on Debian 12 with nothing but python3 (and bash) installed:
+# missing Debian packages are installed with apt-get, Python tooling goes into
+# .venv from requirements-dev.txt (pinned).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cd "$ROOT"
+VENV="$ROOT/.venv"
+COLLECTIONS="$ROOT/build/collections"
+export PATH="$VENV/bin:$PATH"
+export ANSIBLE_COLLECTIONS_PATH="$COLLECTIONS"
+export ANSIBLE_COLLECTIONS_SCAN_SYS_PATH=false
+export ANSIBLE_FORCE_COLOR="${ANSIBLE_FORCE_COLOR:-0}"
+export PY_COLORS="${PY_COLORS:-0}"
+
+# Debian packages per purpose. The lab's come from bindep.txt's [test] profile.
+DEB_BASE=(python3-venv git ethtool iproute2)
+DEB_TEST=(qemu-system-x86 qemu-utils debootstrap openssh-client util-linux e2fsprogs)
+
+log() { printf '\n=== %s\n' "$*"; }
+
+missing_debs() {
+    local pkg out=()
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || out+=("$pkg")
+    done
+    printf '%s\n' "${out[@]}"
+}
+
+install_debs() {
+    local missing
+    mapfile -t missing < <(missing_debs "$@" | sed '/^$/d')
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    log "apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+python_venv_ok() { python3 -c 'import ensurepip, venv' 2>/dev/null; }
+
+deps() {
+    local want=("${DEB_BASE[@]}")
+    [ "${1:-}" = test ] && want+=("${DEB_TEST[@]}")
+    # python3-venv only matters when the interpreter lacks venv/ensurepip (Debian's does).
+    if python_venv_ok; then want=("${want[@]/python3-venv/}"); fi
+    mapfile -t want < <(printf '%s\n' "${want[@]}" | sed '/^$/d')
+    install_debs "${want[@]}" || return 1
+    local stamp="$VENV/.requirements.sha256" sum
+    sum=$(sha256sum requirements-dev.txt | cut -d' ' -f1)
+    if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
+        log "pip install -r requirements-dev.txt into .venv"
+        python3 -m venv "$VENV" || return 1
+        "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements-dev.txt || return 1
+        echo "$sum" > "$stamp"
+    fi
+    # The collection as Ansible finds it: build/collections/ansible_collections/gpunode/tuning -> repo.
+    mkdir -p "$COLLECTIONS/ansible_collections/gpunode"
+    ln -sfn "$ROOT" "$COLLECTIONS/ansible_collections/gpunode/tuning"
+}
+
+step_unit() {
+    python -m pytest -q -p no:cacheprovider tests/unit tests/integration
+    local rc=$?
+    # Exit code 5 means pytest collected no tests: for this suite that is a broken
+    # test tree, not a pass.
+    if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing the unit step" >&2; fi
+    return "$rc"
+}
+
+step_sanity() {
+    # ansible-test needs the collection at .../ansible_collections/gpunode/tuning and
+    # reads every file there: copy exactly what git would ship (tracked + untracked,
+    # not ignored).
+    # The copy lives outside the repository: inside it, ansible-test would ask git
+    # and find the tree ignored.
+    local base="${TMPDIR:-/tmp}/gpunode-sanity"
+    local tree="$base/ansible_collections/gpunode/tuning"
+    rm -rf "$base" && mkdir -p "$tree"
+    git ls-files -z --cached --others --exclude-standard | python3 -c '
+import os, shutil, sys
+dest = sys.argv[1]
+for name in sys.stdin.buffer.read().decode().split("\0"):
+    if name and os.path.isfile(name) and not name.startswith(".ci/"):
+        os.makedirs(os.path.join(dest, os.path.dirname(name)), exist_ok=True)
+        shutil.copy2(name, os.path.join(dest, name))
+' "$tree" || return 1
+    # Offline pip bootstrap for ansible-test's own virtualenvs (see ../shared/LAB.md).
+    local cache="$HOME/.ansible/test/cache"
+    mkdir -p "$cache"
+    local ver
+    ver=$(python - <<'EOF'
+import re, ansible_test, pathlib
+src = (pathlib.Path(ansible_test.__file__).parent / "_internal" / "python_requirements.py").read_text()
+print(re.search(r"pip='([0-9.]+)'", src).group(1).replace(".", "_"))
+EOF
+)
+    cp tests/tools/get_pip_standin.py "$cache/get_pip_${ver}.py"
+    (cd "$tree" && ansible-test sanity --python "$(python -c 'import sys; print("%d.%d" % sys.version_info[:2])')" --color no)
+}
+
+step_lint() {
+    ansible-lint --profile production --offline -q
+}
+
+scenarios() {
+    local d
+    for d in molecule/*/; do
+        d=${d%/}; d=${d#molecule/}
+        case "$d" in _*) continue ;; esac
+        [ -f "molecule/$d/molecule.yml" ] && echo "$d"
+    done
+}
+
+step_molecule() {
+    local list rc=0 s t0
+    mapfile -t list < <(scenarios)
+    if [ "${#list[@]}" -eq 0 ]; then echo "no molecule scenarios"; return 1; fi
+    python3 tests/lab/lab.py build || return 1
+    trap 'python3 tests/lab/lab.py down --all >/dev/null 2>&1' RETURN
+    for s in "${list[@]}"; do
+        t0=$SECONDS
+        log "molecule test -s $s"
+        if flock /tmp/gpunode-molecule.lock molecule test -s "$s"; then
+            echo "scenario $s: passed in $((SECONDS - t0)) s"
+        else
+            echo "scenario $s: FAILED after $((SECONDS - t0)) s"
+            rc=1
+        fi
+    done
+    python3 tests/lab/lab.py down --all
+    return "$rc"
+}
+
+run_steps() {
+    local passed=0 failed=0 failed_names=() s t0 summary=()
+    for s in "$@"; do
+        t0=$SECONDS
+        log "step $s"
+        if "step_$s"; then
+            passed=$((passed + 1)); summary+=("$s=ok($((SECONDS - t0))s)")
+        else
+            failed=$((failed + 1)); failed_names+=("$s"); summary+=("$s=FAILED($((SECONDS - t0))s)")
+        fi
+    done
+    echo
+    echo "summary: ${summary[*]}"
+    echo "steps: $passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+}
+
+cmd=${1:-test}
+shift || true
+case "$cmd" in
+    deps) deps test ;;
+    test)
+        deps test || { echo "steps: 0 passed, 1 failed (deps)"; exit 1; }
+        run_steps unit sanity lint molecule ;;
+    unit | sanity | lint | molecule)
+        deps test || exit 1
+        run_steps "$cmd" ;;
+    diagnose)
+        deps || exit 1
+        ansible-playbook -i localhost, -c local \
+            -e "ansible_python_interpreter=$VENV/bin/python" \
+            playbooks/diagnose.yml "$@" ;;
+    lab-down) python3 tests/lab/lab.py down --all ;;
+    *) sed -n '2,12p' "$0"; exit 2 ;;
+esac
