@@ -513,9 +513,7 @@ def irq_cpus_from_nic(nic):
 def _fmt(number):
     if number is None:
         return "unknown"
-    if float(number).is_integer():
-        return "%d" % number
-    return "%.1f" % number
+    return ("%.2f" % number).rstrip("0").rstrip(".")
 
 
 def validate_thresholds(thresholds):
