@@ -1,0 +1,124 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Boot-time entry point: apply the NIC IRQ pins saved in a JSON desired-state file.
+
+Runs on the target without Ansible (standard library plus the private
+module_utils only). The nic_irq_pinning role installs it and calls it from a
+systemd unit and a udev rule::
+
+    python3 -m ansible_collections.gpunode.tuning.plugins.module_utils._irq_pin_cli \\
+        [--check] [--wait SECONDS] [/etc/gpunode/nic-irq-affinity.json]
+
+The JSON file holds one desired state (the ``nic_irq_affinity`` options:
+interface/pci_address/mac/cidr, cpus or count, exclude_cpus, numa_local,
+whole_cores, allow_irqbalance, strict) or a list of them. Optional
+``procfs_path``/``sysfs_path`` keys point at another tree (tests).
+
+Prints one line per IRQ for the journal and exits 0 on success, 1 on any
+error, 2 on bad usage. When the NIC is not there yet (boot, driver rebind) it
+retries for at most ``--wait`` seconds (default 5, capped at 30).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import AffinityError, run_desired_state
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic import NicError
+
+DEFAULT_STATE = "/etc/gpunode/nic-irq-affinity.json"
+ALLOWED = ("ethtool", "ip", "systemctl")
+
+
+def subprocess_run(argv, timeout=5):
+    """``run`` callable for the library: allowed commands only, bounded by ``timeout``."""
+    if not argv or argv[0] not in ALLOWED:
+        return 127, "", "command not allowed"
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                              universal_newlines=True, env={"LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, "", str(exc)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _summary(result, check):
+    lines = []
+    for item in result["irqs"]:
+        lines.append("%s irq %d %s queue %s: %s -> %s (%s)" % (
+            result["interface"], item["irq"], item["name"] or "?", "-" if item["queue"] is None else item["queue"],
+            item["before"], item["after"], item["status"]))
+    for warning in result["warnings"]:
+        lines.append("%s warning: %s" % (result["interface"], warning))
+    lines.append("%s (%s): %s, target CPUs %s%s" % (
+        result["interface"], result["pci_address"], "changed" if result["changed"] else "no change", result["cpulist"],
+        " (check mode)" if check else ""))
+    return lines
+
+
+def main(argv=None, run=None, out=None, sleep=time.sleep, clock=time.monotonic):
+    args = list(sys.argv[1:] if argv is None else argv)
+    out = out or sys.stdout
+    check = False
+    wait = 5.0
+    path = DEFAULT_STATE
+    while args:
+        arg = args.pop(0)
+        if arg == "--check":
+            check = True
+        elif arg == "--wait" and args:
+            try:
+                wait = min(30.0, max(0.0, float(args.pop(0))))
+            except ValueError:
+                out.write("usage: --wait takes seconds\n")
+                return 2
+        elif arg.startswith("-"):
+            out.write("usage: _irq_pin_cli [--check] [--wait SECONDS] [STATE.json]\n")
+            return 2
+        else:
+            path = arg
+    try:
+        with open(path) as handle:
+            states = json.load(handle)
+    except (OSError, ValueError) as exc:
+        out.write("cannot read desired state %s: %s\n" % (path, exc))
+        return 1
+    if isinstance(states, dict):
+        states = [states]
+    if not isinstance(states, list) or not all(isinstance(s, dict) for s in states):
+        out.write("desired state %s must be a JSON object or a list of objects\n" % path)
+        return 1
+    status = 0
+    for state in states:
+        state = dict(state)
+        procfs = state.pop("procfs_path", "/proc")
+        sysfs = state.pop("sysfs_path", "/sys")
+        runner = run if run is not None else (subprocess_run if procfs == "/proc" else None)
+        deadline = clock() + wait
+        while True:
+            try:
+                result = run_desired_state(state, check_mode=check, procfs=procfs, sysfs=sysfs, run=runner)
+            except NicError as exc:
+                if clock() < deadline:
+                    sleep(0.5)
+                    continue
+                out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
+                status = 1
+                break
+            except AffinityError as exc:
+                out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
+                status = 1
+                break
+            for line in _summary(result, check):
+                out.write(line + "\n")
+            break
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: nic_irq_affinity
+short_description: Pin a NIC's queue IRQs to chosen CPUs, one queue per CPU, on any driver
+version_added: 0.1.0
+description:
+  - Finds the NIC and its queue IRQs exactly as M(gpunode.tuning.nic_irq_facts) does (from the PCI function's
+    C(msi_irqs), every run) and writes C(/proc/irq/N/smp_affinity_list) so that each queue's IRQs land on one
+    target CPU.
+  - "Target CPUs: either O(cpus), or a policy: O(count) CPUs (default: one per queue), NUMA-local to the NIC
+    first (then the nearest nodes), whole SMT sibling groups (O(whole_cores)), never a CPU in O(exclude_cpus),
+    never an isolated or nohz_full CPU, highest-numbered cores first."
+  - "Assignment: queues in queue order take the target CPUs ordered NUMA-local first, then the first thread of
+    each core, then the second threads, so queues spread over physical cores before sharing one. All IRQs of one
+    queue (virtio C(input.K) and C(output.K), separate rx/tx vectors) go to the same CPU. With more queues than
+    CPUs the order wraps round-robin, with a warning. The same inputs always give the same assignment."
+  - Control IRQs (C(mlx5_async), C(virtioN-config), C(ena-mgmnt) ...) are left where they are, with a warning.
+  - Everything is validated before the first write. A write is made only where the affinity differs. A write the
+    kernel refuses with EIO (kernels before 6.12) or EPERM (6.12 and later) marks a kernel-managed IRQ; it is
+    reported as V(unchangeable), an error only with O(strict). Any other write error restores the IRQs already
+    changed in this run, then fails naming the IRQ, the value and the error.
+  - An IRQ whose C(effective_affinity_list) has not followed its C(smp_affinity_list) yet (it moves at the next
+    interrupt) is reported as V(pending) and never rewritten for that.
+author:
+  - gpunode.tuning contributors
+attributes:
+  check_mode:
+    support: full
+    details: Returns the exact per-IRQ before and after and V(would_change), and writes nothing.
+  diff_mode:
+    support: full
+    details: A table of IRQ, name, queue and affinity before and after.
+options:
+  interface:
+    description:
+      - Interface name. At most one of O(interface), O(pci_address), O(mac) and O(cidr); with none, the
+        interface of the default route.
+    type: str
+  pci_address:
+    description:
+      - PCI address of the NIC function, C(0000:42:01.0) or C(42:01.0). The most stable way to name the NIC.
+    type: str
+  mac:
+    description:
+      - MAC address of the interface.
+    type: str
+  cidr:
+    description:
+      - A network; the one physical interface holding an address in it is used.
+    type: str
+  cpus:
+    description:
+      - Explicit target CPUs, a CPU list string (C(160-170)) or a list of integers.
+      - Every CPU must exist, be online and not be in O(exclude_cpus). A NUMA-remote CPU, a split SMT sibling
+        group or an isolated CPU only warns.
+      - Mutually exclusive with O(count).
+    type: raw
+  count:
+    description:
+      - Number of target CPUs chosen by the policy. Default, when O(cpus) is not given, the number of queues.
+      - With O(whole_cores) it is rounded up to whole sibling groups (a warning says so).
+    type: int
+  exclude_cpus:
+    description:
+      - CPUs the workload uses, as a CPU list string or a list of integers. No IRQ is pinned to them, and with
+        O(whole_cores) no sibling of theirs is chosen either.
+    type: raw
+  numa_local:
+    description:
+      - Prefer CPUs local to the NIC's NUMA node (policy mode), and warn about remote ones.
+    type: bool
+    default: true
+  whole_cores:
+    description:
+      - Choose whole SMT sibling groups (policy mode), so IRQ CPUs never share a physical core with workload CPUs.
+    type: bool
+    default: true
+  allow_irqbalance:
+    description:
+      - Proceed although irqbalance is active. Without it an active irqbalance is an error, because it would
+        undo the pins within seconds.
+    type: bool
+    default: false
+  strict:
+    description:
+      - Treat an IRQ the kernel refuses to move (managed IRQ, EIO or EPERM) as an error; the IRQs changed so far
+        are restored first.
+    type: bool
+    default: false
+  procfs_path:
+    description:
+      - Root of procfs. Point it and O(sysfs_path) at a captured or generated tree to plan (or write) there
+        instead of this host; commands are then not run.
+    type: path
+    default: /proc
+  sysfs_path:
+    description:
+      - Root of sysfs.
+    type: path
+    default: /sys
+notes:
+  - Pins set through C(/proc/irq) do not survive a reboot, a queue count change (C(ethtool -L)), a link down/up on
+    some drivers, or a driver rebind. Use the C(gpunode.tuning.nic_irq_pinning) role to reapply them.
+seealso:
+  - module: gpunode.tuning.nic_irq_facts
+"""
+
+EXAMPLES = r"""
+- name: Pin the 11 mlx5 completion IRQs of ens7 to CPUs 160-170 (seed article step 3)
+  gpunode.tuning.nic_irq_affinity:
+    interface: ens7
+    cpus: 160-170
+
+- name: Let the policy choose NUMA-local whole cores away from the training job's CPUs
+  gpunode.tuning.nic_irq_affinity:
+    pci_address: "0000:42:01.0"
+    exclude_cpus: 0-159
+  register: pins
+
+- name: Show the plan without changing anything
+  gpunode.tuning.nic_irq_affinity:
+    interface: enp66s1
+    count: 4
+  check_mode: true
+  diff: true
+"""
+
+RETURN = r"""
+interface:
+  description: The interface whose IRQs were planned.
+  returned: success
+  type: str
+  sample: ens7
+pci_address:
+  description: Its PCI function.
+  returned: success
+  type: str
+  sample: "0000:00:07.0"
+driver:
+  description: Its network driver.
+  returned: success
+  type: str
+  sample: mlx5_core
+cpus:
+  description: Target CPUs.
+  returned: success
+  type: list
+  elements: int
+  sample: [160, 161, 162]
+cpulist:
+  description: Target CPUs as a CPU list.
+  returned: success
+  type: str
+  sample: 160-170
+irqs:
+  description: Every IRQ of the NIC with its plan and outcome, control IRQs first.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    irq:
+      description: IRQ number.
+      type: int
+    name:
+      description: Action name from /proc/interrupts.
+      type: str
+    kind:
+      description: V(queue) or V(control).
+      type: str
+    queue:
+      description: Queue index, null for control IRQs.
+      type: int
+    before:
+      description: smp_affinity_list before this run.
+      type: str
+      sample: "3"
+    after:
+      description: smp_affinity_list after this run (read back after a write), or planned in check mode.
+      type: str
+      sample: "163"
+    effective:
+      description: effective_affinity_list (read back after a write); null when the kernel has none.
+      type: str
+    status:
+      description: >-
+        V(unchanged), V(changed), V(would_change) (check mode), V(pending) (affinity already right, effective
+        affinity not yet followed) or V(unchangeable) (kernel-managed IRQ).
+      type: str
+irqbalance:
+  description: irqbalance state seen before planning.
+  returned: success
+  type: dict
+  contains:
+    installed:
+      description: Whether irqbalance is installed.
+      type: bool
+    active:
+      description: Whether it runs.
+      type: bool
+    enabled:
+      description: Whether it starts at boot.
+      type: bool
+    masked:
+      description: Whether its unit is masked.
+      type: bool
+    banned_cpus:
+      description: CPUs it is told to avoid.
+      type: list
+      elements: int
+    source:
+      description: V(systemctl) or V(unit-files).
+      type: str
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import AffinityError, run_desired_state
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic import NicError
+
+ARGUMENT_SPEC = dict(
+    interface=dict(type="str"),
+    pci_address=dict(type="str"),
+    mac=dict(type="str"),
+    cidr=dict(type="str"),
+    cpus=dict(type="raw"),
+    count=dict(type="int"),
+    exclude_cpus=dict(type="raw"),
+    numa_local=dict(type="bool", default=True),
+    whole_cores=dict(type="bool", default=True),
+    allow_irqbalance=dict(type="bool", default=False),
+    strict=dict(type="bool", default=False),
+    procfs_path=dict(type="path", default="/proc"),
+    sysfs_path=dict(type="path", default="/sys"),
+)
+DESIRED = ("interface", "pci_address", "mac", "cidr", "cpus", "count", "exclude_cpus", "numa_local", "whole_cores",
+           "allow_irqbalance", "strict")
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        mutually_exclusive=[("interface", "pci_address", "mac", "cidr"), ("cpus", "count")],
+        supports_check_mode=True,
+    )
+    params = module.params
+    procfs, sysfs = params["procfs_path"], params["sysfs_path"]
+    live = os.path.normpath(procfs) == "/proc" and os.path.normpath(sysfs) == "/sys"
+    desired = dict((key, params[key]) for key in DESIRED)
+    try:
+        result = run_desired_state(desired, check_mode=module.check_mode, procfs=procfs, sysfs=sysfs,
+                                   run=module_runner(module) if live else None)
+    except (AffinityError, NicError) as exc:
+        module.fail_json(msg=str(exc), changed=False, **exc.details)
+    for warning in result.pop("warnings"):
+        module.warn(warning)
+    diff = result.pop("diff")
+    if module._diff:
+        result["diff"] = diff
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,362 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: nic_irq_facts
+short_description: Find an Ethernet NIC's PCI function, queues, queue and control IRQs, CPU topology and irqbalance state
+version_added: 0.1.0
+description:
+  - Selects one physical Ethernet interface by name, PCI address, MAC or network, or by the default route.
+    InfiniBand interfaces (C(type) 32) and virtual interfaces (no C(device) link) are never selected; a bond,
+    VLAN or bridge holding the default route or the address is followed down to its physical lower interface.
+  - Resolves the PCI function behind the interface, also when C(/sys/class/net/IFACE/device) is a virtio child
+    device, and reports the driver, C(numa_node) (C(-1) becomes null with a note) and C(local_cpulist).
+  - Lists the IRQs from the PCI function's C(msi_irqs) (or its legacy C(irq)), names them from
+    C(/proc/interrupts) and classifies each as a queue IRQ (with its queue index) or a control IRQ, with
+    per-driver rules for mlx5_core, virtio_net, ena, gve, ice, i40e, ixgbe and bnxt_en and a generic fallback.
+  - Reports each IRQ's C(smp_affinity_list), C(effective_affinity_list) and per-CPU counts, the queue counts
+    from C(ethtool -l) and sysfs, the CPU topology (online CPUs, SMT sibling groups read from
+    C(thread_siblings_list), NUMA nodes, isolated, nohz_full, default_smp_affinity) and the irqbalance state.
+  - IRQ numbers, interface names and CPU numbering are rediscovered on every run; nothing is cached.
+author:
+  - gpunode.tuning contributors
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; check mode returns the same facts.
+  diff_mode:
+    support: none
+    details: Nothing is changed.
+  facts:
+    support: full
+    details: Sets C(ansible_facts.nic_irq).
+options:
+  interface:
+    description:
+      - Interface name, for example C(ens7).
+      - At most one of O(interface), O(pci_address), O(mac) and O(cidr). With none, the interface of the
+        lowest-metric IPv4 default route (else IPv6) is used.
+    type: str
+  pci_address:
+    description:
+      - PCI address of the NIC function, C(0000:42:01.0) or C(42:01.0).
+    type: str
+  mac:
+    description:
+      - MAC address of the interface.
+    type: str
+  cidr:
+    description:
+      - A network such as C(10.20.0.0/16) or C(fd00::/64); the one physical interface holding an address in it
+        is used. Addresses come from C(ip -j addr), or from C(/proc/net/fib_trie) and C(/proc/net/if_inet6)
+        when C(ip) is missing or a captured tree is read.
+    type: str
+  procfs_path:
+    description:
+      - Root of procfs. Point it and O(sysfs_path) at a captured tree to read that instead of this host; commands
+        (C(ethtool), C(ip), C(systemctl)) are then not run, and irqbalance is read from the tree's parent
+        directory (its C(etc/), C(lib/systemd/), C(proc/*/comm)).
+    type: path
+    default: /proc
+  sysfs_path:
+    description:
+      - Root of sysfs.
+    type: path
+    default: /sys
+notes:
+  - Runs C(ethtool -l), C(ip -j addr) and C(systemctl is-active/is-enabled irqbalance.service) only when they
+    exist and only against the live system; without them the same facts come from procfs and sysfs.
+seealso:
+  - module: gpunode.tuning.nic_irq_affinity
+  - name: Linux kernel, SMP IRQ affinity
+    description: The /proc/irq interface this module reads.
+    link: https://docs.kernel.org/core-api/irq/irq-affinity.html
+"""
+
+EXAMPLES = r"""
+- name: Facts for the default-route NIC
+  gpunode.tuning.nic_irq_facts:
+
+- name: Facts for the NIC at a PCI address, then list its queue IRQs
+  gpunode.tuning.nic_irq_facts:
+    pci_address: "0000:42:01.0"
+
+- name: Show where the queue IRQs are
+  ansible.builtin.debug:
+    msg: "{{ ansible_facts.nic_irq.irqs | selectattr('kind', 'equalto', 'queue') | map(attribute='affinity') | list }}"
+
+- name: Read a captured tree instead of this host
+  gpunode.tuning.nic_irq_facts:
+    interface: ens7
+    procfs_path: /srv/captures/node17/proc
+    sysfs_path: /srv/captures/node17/sys
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts under the key C(nic_irq).
+  returned: success
+  type: dict
+  contains:
+    nic_irq:
+      description: The selected NIC, its IRQs, the CPU topology and irqbalance.
+      returned: success
+      type: dict
+      contains:
+        interface:
+          description: Selected interface name.
+          type: str
+          sample: ens7
+        selected_by:
+          description: How it was selected, V(interface), V(pci_address), V(mac), V(cidr) or V(default_route).
+          type: str
+          sample: default_route
+        ifindex:
+          description: Interface index.
+          type: int
+        mac:
+          description: MAC address.
+          type: str
+          sample: "02:00:17:0a:0b:0c"
+        operstate:
+          description: Operational state from sysfs.
+          type: str
+          sample: up
+        mtu:
+          description: MTU.
+          type: int
+        speed_mbps:
+          description: Link speed in Mb/s, null when unknown (link down, or C(-1) as virtio reports).
+          type: int
+          sample: 200000
+        driver:
+          description: Driver of the network device (C(virtio_net) for virtio, not C(virtio-pci)).
+          type: str
+          sample: mlx5_core
+        pci_address:
+          description: PCI function of the NIC; null for a non-PCI device.
+          type: str
+          sample: "0000:00:07.0"
+        pci_driver:
+          description: Driver bound to the PCI function.
+          type: str
+          sample: virtio-pci
+        numa_node:
+          description: NUMA node of the PCI function; null when the kernel reports C(-1).
+          type: int
+          sample: 1
+        local_cpulist:
+          description: CPUs local to the PCI function.
+          type: list
+          elements: int
+        queues:
+          description: Queue counts; C(ethtool) values are null when ethtool did not run or printed C(n/a).
+          type: dict
+          contains:
+            sysfs_rx:
+              description: Number of C(queues/rx-*) directories.
+              type: int
+            sysfs_tx:
+              description: Number of C(queues/tx-*) directories.
+              type: int
+            combined_max:
+              description: Pre-set maximum combined channels.
+              type: int
+            combined_current:
+              description: Current combined channels.
+              type: int
+            rx_max:
+              description: Pre-set maximum RX channels.
+              type: int
+            rx_current:
+              description: Current RX channels.
+              type: int
+            tx_max:
+              description: Pre-set maximum TX channels.
+              type: int
+            tx_current:
+              description: Current TX channels.
+              type: int
+            other_max:
+              description: Pre-set maximum other channels.
+              type: int
+            other_current:
+              description: Current other channels.
+              type: int
+        irqs:
+          description: IRQs of the PCI function, control IRQs first, then queue IRQs by queue and IRQ number.
+          type: list
+          elements: dict
+          contains:
+            irq:
+              description: IRQ number (valid for this boot only).
+              type: int
+            name:
+              description: Action name from C(/proc/interrupts); empty when the vector has no handler.
+              type: str
+              sample: "mlx5_comp3@pci:0000:00:07.0"
+            chip:
+              description: Interrupt chip column of C(/proc/interrupts).
+              type: str
+            kind:
+              description: V(queue) or V(control).
+              type: str
+            queue:
+              description: Queue index for queue IRQs, null for control IRQs.
+              type: int
+            direction:
+              description: V(rx), V(tx) or V(txrx) for queue IRQs, null for control IRQs.
+              type: str
+            affinity:
+              description: CPUs from C(smp_affinity_list).
+              type: list
+              elements: int
+            effective_affinity:
+              description: CPUs from C(effective_affinity_list); null when the kernel has no such file.
+              type: list
+              elements: int
+            counts:
+              description: Non-zero interrupt counts by CPU id (keys are CPU ids as strings in JSON).
+              type: dict
+            total:
+              description: Sum of the counts.
+              type: int
+        notes:
+          description: Things worth knowing, such as a missing NUMA hint or ethtool failing.
+          type: list
+          elements: str
+        topology:
+          description: CPU topology.
+          type: dict
+          contains:
+            online:
+              description: Online CPUs.
+              type: list
+              elements: int
+            present:
+              description: Present CPUs.
+              type: list
+              elements: int
+            possible:
+              description: Possible CPUs.
+              type: list
+              elements: int
+            nr_cpu_ids:
+              description: Number of possible CPU ids.
+              type: int
+            siblings:
+              description: SMT sibling groups, each once, from C(thread_siblings_list).
+              type: list
+              elements: list
+              sample: [[0, 88], [1, 89]]
+            numa_nodes:
+              description: CPUs of each NUMA node (keys are node ids as strings in JSON).
+              type: dict
+            numa_distances:
+              description: Distance row of each NUMA node.
+              type: dict
+            cpu_node:
+              description: NUMA node of each CPU.
+              type: dict
+            isolated:
+              description: CPUs in C(/sys/devices/system/cpu/isolated).
+              type: list
+              elements: int
+            nohz_full:
+              description: CPUs in C(/sys/devices/system/cpu/nohz_full).
+              type: list
+              elements: int
+            default_smp_affinity:
+              description: CPUs of C(/proc/irq/default_smp_affinity).
+              type: list
+              elements: int
+            notes:
+              description: Notes about missing topology files.
+              type: list
+              elements: str
+        irqbalance:
+          description: irqbalance state.
+          type: dict
+          contains:
+            installed:
+              description: Whether the unit or binary exists.
+              type: bool
+            active:
+              description: Whether it runs now.
+              type: bool
+            enabled:
+              description: Whether it starts at boot.
+              type: bool
+            masked:
+              description: Whether the unit is masked.
+              type: bool
+            active_state:
+              description: C(systemctl is-active) output or the state inferred from the process list.
+              type: str
+            unit_file_state:
+              description: C(systemctl is-enabled) output or the state inferred from unit files.
+              type: str
+            banned_cpus:
+              description: CPUs from C(IRQBALANCE_BANNED_CPULIST) or the hex C(IRQBALANCE_BANNED_CPUS).
+              type: list
+              elements: int
+            config_file:
+              description: The environment file read, C(/etc/default/irqbalance) or C(/etc/sysconfig/irqbalance).
+              type: str
+            source:
+              description: V(systemctl) or V(unit-files).
+              type: str
+            notes:
+              description: Parse problems in the config file.
+              type: list
+              elements: str
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
+from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import read_irqbalance
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic import NicError, read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology
+
+ARGUMENT_SPEC = dict(
+    interface=dict(type="str"),
+    pci_address=dict(type="str"),
+    mac=dict(type="str"),
+    cidr=dict(type="str"),
+    procfs_path=dict(type="path", default="/proc"),
+    sysfs_path=dict(type="path", default="/sys"),
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        mutually_exclusive=[("interface", "pci_address", "mac", "cidr")],
+        supports_check_mode=True,
+    )
+    params = module.params
+    procfs, sysfs = params["procfs_path"], params["sysfs_path"]
+    live = os.path.normpath(procfs) == "/proc" and os.path.normpath(sysfs) == "/sys"
+    run = module_runner(module) if live else None
+    selector = dict((key, params[key]) for key in ("interface", "pci_address", "mac", "cidr"))
+    try:
+        nic = read_nic(selector, procfs=procfs, sysfs=sysfs, run=run)
+    except NicError as exc:
+        module.fail_json(msg=str(exc), **exc.details)
+    nic["topology"] = read_topology(sysfs=sysfs, procfs=procfs)
+    nic["irqbalance"] = read_irqbalance(root_of(procfs), run=run)
+    module.exit_json(changed=False, ansible_facts={"nic_irq": nic})
+
+
+if __name__ == "__main__":
+    main()
