@@ -1,0 +1,179 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Report rendering: ordering, Markdown, and what the HTML page shows (parsed, not grepped)."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+import pytest
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpunode.tuning.plugins.filter.diagnose_report import (
+    FilterModule,
+    diagnose_collect,
+    diagnose_html,
+    diagnose_markdown,
+    diagnose_summary,
+)
+
+
+def cpus(n, irq=(), hot=()):
+    rows = []
+    for cpu in range(n):
+        rows.append({
+            "cpu": cpu, "online": True, "usr": 60.0 if cpu in hot else 20.0, "soft": 12.5 if cpu in irq else 0.1,
+            "squeeze_per_10s": 150.0 if cpu in hot else 0.0, "time_squeeze": 150 if cpu in hot else 0,
+        })
+    return rows
+
+
+def softnet(verdict, irq=(), hot=(), n=4, squeeze=0.0, util=3.5, reasons=None):
+    return {
+        "verdict": verdict, "reasons": reasons or ["%s because of numbers" % verdict], "interface": "ens7",
+        "pci_address": "0000:3b:00.0", "driver": "mlx5_core", "irq_cpus": list(irq), "irq_cpus_source": "effective_affinity",
+        "hot_cpus": list(hot), "non_irq_squeeze_cpus": [], "interval": 10.0, "cpus": cpus(n, irq, hot),
+        "totals": {"time_squeeze_irq_cpus_per_10s": squeeze, "time_squeeze_per_10s": squeeze},
+        "link": {"utilisation_pct": util, "speed_mbps": 200000, "rx_mbps": 7000.0, "tx_mbps": 120.0}, "notes": [],
+    }
+
+
+RESULTS = {
+    "ok-1": {"softnet": softnet("no_contention", irq=[3]), "nic": {"interface": "ens7"}},
+    "bad-small": {"softnet": softnet("contention", irq=[0, 1], hot=[0, 1], squeeze=300.0)},
+    "bad-big": {"softnet": softnet("contention", irq=[0, 1, 2], hot=[0, 1, 2], squeeze=450.0)},
+    "maybe": {"softnet": softnet("inconclusive", irq=[], util=None)},
+    "down": {"softnet": {"failed": True, "msg": "interface 'ens9' does not exist"}, "nic": {}},
+    "a<b>&c": {"softnet": softnet("no_contention", irq=[1])},
+}
+
+
+def test_hosts_are_sorted_worst_first():
+    report = diagnose_collect(RESULTS, "2026-11-30T04:00:00Z")
+    assert [h["host"] for h in report["hosts"]] == ["bad-big", "bad-small", "down", "maybe", "a<b>&c", "ok-1"]
+    assert report["counts"] == {"contention": 2, "failed": 1, "inconclusive": 1, "no_contention": 2}
+    assert report["hosts"][2]["reasons"] == ["interface 'ens9' does not exist"]
+
+
+def test_summary_counts_every_verdict():
+    assert diagnose_summary(diagnose_collect(RESULTS)) == (
+        "6 hosts: 2 contention, 1 check failed, 1 inconclusive, 2 no contention"
+    )
+
+
+def test_markdown_has_counts_table_and_reasons_worst_first():
+    text = diagnose_markdown(diagnose_collect(RESULTS, "T"))
+    assert "| contention | 2 |" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "**" in line]
+    assert rows[0].startswith("| bad-big | **contention** | ens7 | 0-2 | 0-2 | 450 | 3.5 % |")
+    assert rows[3].startswith("| maybe | **inconclusive** | ens7 | none | none | 0 | ? |")
+    assert "### down: check failed" in text
+    assert "- interface 'ens9' does not exist" in text
+    assert text.index("### bad-big") < text.index("### ok-1")
+
+
+class Page(HTMLParser):
+    """Collects per-host CPU cells (classes, marks), tags and attributes of the page."""
+
+    def __init__(self):
+        HTMLParser.__init__(self)
+        self.host = None
+        self.cells = {}
+        self.cell = None
+        self.mark_class = None
+        self.tags = []
+        self.attrs = []
+        self.legend = ""
+        self.in_legend = 0
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.append(tag)
+        self.attrs.append(attrs)
+        classes = (attrs.get("class") or "").split()
+        if tag == "section" and "host" in classes:
+            self.host = attrs["id"][len("host-"):]
+            self.cells[self.host] = {}
+        if tag == "div" and "cpu" in classes and self.host is not None:
+            self.cell = {"classes": set(classes), "marks": [], "attrs": attrs}
+            self.cells[self.host][int(attrs["data-cpu"])] = self.cell
+        if tag == "span" and "mark" in classes:
+            self.mark_class = classes
+        if attrs.get("id") == "legend":
+            self.in_legend = 1
+
+    def handle_endtag(self, tag):
+        if tag == "section":
+            self.host = None
+        if tag == "div":
+            self.cell = None
+            self.in_legend = 0
+
+    def handle_data(self, data):
+        if self.mark_class and self.cell is not None:
+            self.cell["marks"].append(data)
+        self.mark_class = None
+        if self.in_legend:
+            self.legend += data
+
+
+def parse(report):
+    page = Page()
+    page.feed(diagnose_html(report))
+    return page
+
+
+def test_html_marks_irq_cpus_and_hot_cpus_per_host():
+    page = parse(diagnose_collect(RESULTS))
+    big = page.cells["bad-big"]
+    assert sorted(cpu for cpu, cell in big.items() if "irq" in cell["classes"]) == [0, 1, 2]
+    assert sorted(cpu for cpu, cell in big.items() if "hot" in cell["classes"]) == [0, 1, 2]
+    assert big[0]["marks"] == ["IRQ", "HOT"]
+    assert big[3]["marks"] == [] and big[3]["classes"] == {"cpu"}
+    ok = page.cells["ok-1"]
+    assert [cpu for cpu, cell in ok.items() if "irq" in cell["classes"]] == [3]
+    assert ok[3]["marks"] == ["IRQ"]
+    assert not any("hot" in cell["classes"] for cell in ok.values())
+
+
+def test_html_cells_carry_the_numbers():
+    page = parse(diagnose_collect(RESULTS))
+    cell = page.cells["bad-small"][1]
+    assert cell["attrs"]["data-soft"] == "12.5"
+    assert cell["attrs"]["data-usr"] == "60"
+    assert cell["attrs"]["data-squeeze"] == "150"
+    assert "softirq 12.5 %, user 60 %, 150 squeezes per 10 s, NIC IRQ CPU, hot" in cell["attrs"]["title"]
+
+
+def test_html_is_self_contained_with_a_visible_legend():
+    page = parse(diagnose_collect(RESULTS))
+    assert "script" not in page.tags and "link" not in page.tags and "img" not in page.tags
+    for attrs in page.attrs:
+        for name in ("src", "href"):
+            assert not (attrs.get(name) or "#").split("#")[0], attrs
+    assert "IRQ" in page.legend and "HOT" in page.legend and "softirq" in page.legend
+
+
+def test_html_escapes_host_names_and_reasons():
+    text = diagnose_html(diagnose_collect(RESULTS))
+    assert "a<b>&c" not in text
+    assert "a&lt;b&gt;&amp;c" in text
+    assert set(parse(diagnose_collect(RESULTS)).cells) >= {"a<b>&c"}
+
+
+def test_failed_host_has_no_strip_but_its_error():
+    page = parse(diagnose_collect(RESULTS))
+    assert page.cells["down"] == {}
+    assert "interface &#x27;ens9&#x27; does not exist" in diagnose_html(diagnose_collect(RESULTS))
+
+
+def test_filters_are_registered_and_reject_malformed_input():
+    filters = FilterModule().filters()
+    assert set(filters) == {"diagnose_collect", "diagnose_markdown", "diagnose_html", "diagnose_summary"}
+    with pytest.raises(AnsibleFilterError):
+        filters["diagnose_collect"](["not", "a", "dict"])
+    with pytest.raises(AnsibleFilterError):
+        filters["diagnose_markdown"]({"hosts": []})
