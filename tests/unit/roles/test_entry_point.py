@@ -1,0 +1,124 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The boot-time entry point of nic_irq_pinning, installed the way the role installs it.
+
+The library tree is laid out from the role's own vars (the same __init__.py
+directories, the same _*.py glob), the entry point is rendered from the role's
+template, and it runs in a separate, isolated Python (-I: no PYTHONPATH, no
+script directory) against a generated tree of the lab's gpu-node guest. So
+these tests fail if the role forgets a module_utils file or an __init__.py, or
+if the entry point cannot import the installed copy.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jinja2
+import pytest
+import yaml
+
+from treegen import build_tree, lab_virtio
+
+ROOT = Path(__file__).resolve().parents[3]
+ROLE = ROOT / "roles" / "nic_irq_pinning"
+
+
+def _render(template, **variables):
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters["comment"] = lambda text: "\n".join("# " + line for line in text.splitlines())
+    env.filters["to_json"] = json.dumps
+    env.filters["basename"] = lambda p: Path(p).name
+    return env.from_string((ROLE / "templates" / template).read_text()).render(**variables)
+
+
+@pytest.fixture
+def installed(tmp_path):
+    """lib dir + entry point, as persist.yml lays them out."""
+    role_vars = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    lib = tmp_path / "lib"
+    for rel in role_vars["__nic_irq_pinning_init_dirs"]:
+        (lib / rel).mkdir(parents=True, exist_ok=True)
+        (lib / rel / "__init__.py").write_text("")
+    pkg = lib / "ansible_collections/gpunode/tuning/plugins/module_utils"
+    for src in sorted((ROOT / "plugins" / "module_utils").glob("_*.py")):
+        shutil.copy(src, pkg / src.name)
+    entry = tmp_path / "gpunode-nic-irq-pin"
+    entry.write_text(_render(
+        "gpunode-nic-irq-pin.j2", ansible_managed="Ansible managed", nic_irq_pinning_python=sys.executable,
+        nic_irq_pinning_lib_dir=str(lib), nic_irq_pinning_entry_point="/usr/local/sbin/gpunode-nic-irq-pin",
+    ))
+    entry.chmod(0o755)
+    return entry
+
+
+@pytest.fixture
+def lab(tmp_path):
+    tree = build_tree(tmp_path / "tree", lab_virtio())
+    state = tmp_path / "nic-irq-affinity.json"
+    state.write_text(json.dumps({
+        "pci_address": "0000:42:01.0", "count": 4, "numa_local": True, "whole_cores": True,
+        "allow_irqbalance": True, "strict": False, "procfs_path": tree.proc, "sysfs_path": tree.sys,
+    }))
+    return tree, state
+
+
+def _run(entry, *args):
+    return subprocess.run([sys.executable, "-I", str(entry)] + [str(a) for a in args],
+                          capture_output=True, text=True, cwd="/", timeout=60)
+
+
+def test_entry_point_pins_queue_pairs_round_robin_on_numa_node_1(installed, lab):
+    tree, state = lab
+    res = _run(installed, state)
+    assert res.returncode == 0, res.stdout + res.stderr
+    irqs = tree.irqs("enp66s1")
+    names = dict((i["irq"], i["name"]) for i in tree.spec["nics"][1]["irqs"])
+    by_queue = {}
+    for irq in irqs:
+        name = names[irq]
+        if "-input." in name or "-output." in name:
+            by_queue.setdefault(int(name.rsplit(".", 1)[1]), set()).add(tree.affinity(irq))
+    assert len(by_queue) == 6
+    assert all(len(cpus) == 1 for cpus in by_queue.values())        # input and output of a pair share a CPU
+    cpus = [next(iter(by_queue[q])) for q in sorted(by_queue)]
+    assert sorted(set(cpus)) == ["4", "5", "6", "7"]
+    assert cpus[4:] == cpus[:2]                                       # round-robin: queues 4, 5 reuse the first CPUs
+    assert "(changed)" in res.stdout
+
+
+def test_quiet_run_on_a_converged_tree_prints_nothing_and_writes_nothing(installed, lab):
+    tree, state = lab
+    assert _run(installed, state).returncode == 0
+    before = tree.all_affinities()
+    res = _run(installed, "--quiet", state)
+    assert res.returncode == 0
+    assert res.stdout == ""
+    assert tree.all_affinities() == before
+
+
+def test_quiet_run_reports_what_it_restored(installed, lab):
+    tree, state = lab
+    assert _run(installed, state).returncode == 0
+    moved = tree.irqs("enp66s1")[-1]
+    tree.set_affinity(moved, [0])                                      # what ethtool -L does to the pins
+    res = _run(installed, "--quiet", state)
+    assert res.returncode == 0
+    assert "irq %d " % moved in res.stdout and "(changed)" in res.stdout
+    assert tree.affinity(moved) != "0"
+
+
+def test_a_missing_nic_fails_loudly_even_when_quiet(installed, lab, tmp_path):
+    tree, state = lab
+    data = json.loads(state.read_text())
+    data["pci_address"] = "0000:99:00.0"
+    state.write_text(json.dumps(data))
+    res = _run(installed, "--quiet", "--wait", "0", state)
+    assert res.returncode == 1
+    assert "0000:99:00.0" in res.stdout

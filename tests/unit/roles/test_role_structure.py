@@ -1,0 +1,65 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""House rules of the irqbalance and nic_irq_pinning roles, checked on the files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+ROLES = ["irqbalance", "nic_irq_pinning"]
+
+
+def _spec(role):
+    data = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())
+    return data["argument_specs"]["main"]["options"]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_default_is_declared_with_the_same_default(role):
+    defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text())
+    spec = _spec(role)
+    assert sorted(defaults) == sorted(spec)
+    for name, value in defaults.items():
+        assert spec[name]["default"] == value, name
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_public_option_is_prefixed_typed_and_described(role):
+    for name, option in _spec(role).items():
+        assert name.startswith(role + "_"), name
+        assert option.get("type"), name
+        assert option.get("description"), name
+        if option["type"] == "list":
+            assert option.get("elements"), name
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_variable_the_role_reads_is_public_or_internal(role):
+    """A variable named like the role must be declared; helpers must start with __."""
+    import re
+
+    declared = set(_spec(role))
+    used = set()
+    for path in (ROOT / "roles" / role).rglob("*"):
+        if path.suffix in (".yml", ".j2") and path.is_file():
+            used |= set(re.findall(r"(?<![_\w])(%s_[a-z_]+)" % role, path.read_text()))
+    status_facts = {"irqbalance_status", "nic_irq_pinning_report", "irqbalance_mode", "irqbalance_banned_cpus",
+                    "irqbalance_banned_devices"}
+    undeclared = used - declared - status_facts
+    assert not undeclared, sorted(undeclared)
+
+
+@pytest.mark.parametrize(
+    "template",
+    sorted(str(p.relative_to(ROOT)) for role in ROLES for p in (ROOT / "roles" / role / "templates").glob("*.j2")),
+)
+def test_template_starts_with_ansible_managed(template):
+    lines = (ROOT / template).read_text().splitlines()
+    first = lines[1] if lines[0].startswith("#!") else lines[0]
+    assert first == "{{ ansible_managed | comment }}"
