@@ -459,8 +459,11 @@ notes:
   elements: str
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import NicError
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import SoftnetError, run_check
 
@@ -483,19 +486,6 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def _runner(module):
-    ethtool = module.get_bin_path("ethtool")
-
-    def run(argv):
-        if argv and argv[0] == "ethtool":
-            if ethtool is None:
-                return 127, "", "ethtool is not installed"
-            argv = [ethtool] + list(argv[1:])
-        return module.run_command(argv)
-
-    return run
-
-
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
@@ -503,13 +493,11 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    procfs, sysfs = params["procfs_path"], params["sysfs_path"]
+    # As nic_irq_facts: commands (ethtool, ip) describe this host, so they run only when the roots are the live ones.
+    live = os.path.normpath(procfs) == "/proc" and os.path.normpath(sysfs) == "/sys"
     try:
-        result = run_check(
-            params,
-            procfs=params["procfs_path"],
-            sysfs=params["sysfs_path"],
-            run=_runner(module),
-        )
+        result = run_check(params, procfs=procfs, sysfs=sysfs, run=module_runner(module) if live else None)
     except (SoftnetError, NicError) as exc:
         module.fail_json(msg=str(exc), changed=False, **getattr(exc, "details", {}))
     if params["fail_on_contention"] and result["verdict"] == "contention":
