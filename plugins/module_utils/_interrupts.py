@@ -24,6 +24,8 @@ Layouts handled (see ``kernel/irq/proc.c:show_interrupts`` and the arch
 
 from __future__ import annotations
 
+import re
+
 _FLOWS = frozenset(
     ["edge", "level", "fasteoi", "simple", "percpu", "percpu_devid", "eoi", "untracked", "bad", "nested", "ioapic", "msi", "Edge", "Level"]
 )
@@ -37,7 +39,7 @@ class InterruptsError(ValueError):
 
 def _is_flow(token):
     """True for the hwirq / flow tokens between the chip and the action names."""
-    if token.isdigit() or token in ("Level", "Edge"):
+    if token.isdigit() or token in ("Level", "Edge", "oob"):
         return True
     if "-" in token:
         head, _sep, tail = token.rpartition("-")
@@ -48,6 +50,10 @@ def _is_flow(token):
     return False
 
 
+# " 524288-edge  " / " -fasteoi " / " oob-edge ": the flow handler token that ends the chip/hwirq part
+_FLOW_TOKEN = re.compile(r"\s(\d*(?:oob)?-(?:edge|level|fasteoi|simple|percpu|percpu_devid|eoi|untracked|nested))(?:\s+|$)")
+
+
 def _split_tail(key, tail):
     """Return (chip, name) for the text after the counts of one row."""
     tail = tail.strip()
@@ -55,6 +61,13 @@ def _split_tail(key, tail):
         return "", tail
     if not tail:
         return "", ""
+    match = _FLOW_TOKEN.search(" " + tail)
+    if match:
+        # chip names may contain spaces ("Hyper-V PCIe MSI"); a trailing hwirq column is dropped
+        words = tail[:match.start()].split()
+        while len(words) > 1 and (words[-1].isdigit() or words[-1] in ("Level", "Edge")):
+            words.pop()
+        return " ".join(words), tail[match.end() - 1:].strip()
     parts = tail.split(None, 1)
     chip = parts[0]
     rest = parts[1] if len(parts) > 1 else ""
