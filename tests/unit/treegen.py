@@ -316,7 +316,8 @@ class Tree(object):
 
     def all_affinities(self):
         base = os.path.join(self.proc, "irq")
-        return dict((int(n), self.affinity(n)) for n in os.listdir(base) if n.isdigit())
+        return dict((int(n), self.affinity(n)) for n in os.listdir(base)
+                    if n.isdigit() and os.path.isfile(os.path.join(base, n, "smp_affinity_list")))
 
     def set_affinity(self, irq, cpus, effective=None):
         _write(os.path.join(self.irq_dir(irq), "smp_affinity_list"), cpulist(cpus) + "\n")

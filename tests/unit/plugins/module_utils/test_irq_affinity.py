@@ -1,0 +1,282 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""plan_affinity / apply_plan / run_desired_state / the boot CLI, writing real files of generated trees."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+
+import pytest
+
+import treegen
+from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_pin_cli
+from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
+    AffinityError,
+    apply_plan,
+    plan_affinity,
+    run_desired_state,
+)
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic import read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology
+
+
+def state(tree, **selector):
+    return read_nic(selector or {}, procfs=tree.proc, sysfs=tree.sys), read_topology(tree.sys, tree.proc)
+
+
+@pytest.fixture
+def seed(tmp_path):
+    return treegen.build_tree(tmp_path / "seed", treegen.seed_vm())
+
+
+@pytest.fixture
+def gpu(tmp_path):
+    return treegen.build_tree(tmp_path / "gpu", treegen.gpu_node())
+
+
+@pytest.fixture
+def lab(tmp_path):
+    spec = treegen.lab_virtio()
+    spec["irqbalance"]["running"] = False
+    return treegen.build_tree(tmp_path / "lab", spec)
+
+
+def plan_map(plan):
+    return dict((i.irq, (i.before, i.after, i.status)) for i in plan.items)
+
+
+# ------------------------------------------------------------------ plan ---
+
+def test_seed_article_explicit_cpus_one_queue_per_cpu_in_queue_order(seed):
+    nic, topo = state(seed)
+    plan = plan_affinity(nic, topo, cpus="160-170", exclude_cpus="0-159")
+    assert [(i.irq, i.after) for i in plan.items if i.kind == "queue"] == [(60 + q, [160 + q]) for q in range(11)]
+    assert [i.irq for i in plan.changes] == list(range(60, 71))
+    assert plan_map(plan)[59] == ([0], [0], "unchanged")
+    assert any("control IRQs left where they are: 59 mlx5_async0" in w for w in plan.warnings)
+    # 160-170 split the sibling groups 160/72 ... : warned, not refused
+    assert any("split SMT sibling groups" in w for w in plan.warnings)
+
+
+def test_policy_on_seed_vm_takes_whole_cores_highest_first_and_rounds_up(seed):
+    nic, topo = state(seed)
+    plan = plan_affinity(nic, topo, exclude_cpus="0-81,88-169")
+    assert plan.cpus == [82, 83, 84, 85, 86, 87, 170, 171, 172, 173, 174, 175]
+    # core-first order: first threads 82..87, then their siblings 170..
+    assert [i.after[0] for i in plan.items if i.kind == "queue"] == [82, 83, 84, 85, 86, 87, 170, 171, 172, 173, 174]
+    assert any("rounded up to 12" in w for w in plan.warnings)
+    assert any("no NUMA locality" in w for w in plan.warnings)
+
+
+def test_policy_on_gpu_node_is_numa_local_then_nearest_node(gpu):
+    nic, topo = state(gpu)
+    plan = plan_affinity(nic, topo, count=8)
+    assert plan.cpus == [68, 69, 70, 71, 164, 165, 166, 167]
+    assert set(plan.cpus) <= set(topo["numa_nodes"][5])
+    plan = plan_affinity(nic, topo, count=30, exclude_cpus="60-65,156-161")
+    local = set(topo["numa_nodes"][5])
+    assert len([c for c in plan.cpus if c in local]) == 12
+    remote_nodes = set(topo["cpu_node"][c] for c in plan.cpus if c not in local)
+    assert remote_nodes <= {4, 6, 7}                                     # same socket (distance 12), never 0-3
+    assert any("not NUMA-local" in w for w in plan.warnings)
+    # queues go to local CPUs first
+    assert all(i.after[0] in local for i in plan.items if i.kind == "queue" and i.queue < 12)
+
+
+def test_virtio_input_and_output_of_a_queue_share_one_cpu(lab):
+    nic, topo = state(lab, interface="enp66s1")
+    plan = plan_affinity(nic, topo, cpus="4-7")
+    by_queue = {}
+    for item in plan.items:
+        if item.kind == "queue":
+            by_queue.setdefault(item.queue, set()).add(item.after[0])
+    assert all(len(v) == 1 for v in by_queue.values())
+    # 6 queues on 4 CPUs ordered core-first (4, 6, 5, 7): round-robin with a warning
+    assert [by_queue[q].pop() for q in range(6)] == [4, 6, 5, 7, 4, 6]
+    assert any("6 queues but 4 CPUs" in w for w in plan.warnings)
+
+
+def test_same_inputs_same_plan(gpu):
+    nic, topo = state(gpu)
+    first = plan_affinity(nic, topo, count=16, exclude_cpus="0-59").as_list()
+    assert all(plan_affinity(nic, topo, count=16, exclude_cpus="0-59").as_list() == first for _ in range(3))
+
+
+@pytest.mark.parametrize("kwargs,message,value", [
+    ({"cpus": "176"}, "CPU 176 does not exist", 176),
+    ({"cpus": "5,9000"}, "beyond the limit", "5,9000"),
+    ({"cpus": "160-170", "exclude_cpus": "165"}, "CPU 165 is in exclude_cpus", 165),
+    ({"cpus": ""}, "cpus is empty", []),
+    ({"cpus": [3, "x"]}, "is not a CPU number", "x"),
+    ({"cpus": "3", "count": 2}, "give cpus or count", 2),
+    ({"count": 0}, "not a positive integer", 0),
+    ({"count": 200}, "only 176 CPUs are available", 200),
+    ({"count": 20, "exclude_cpus": "0-81,88-169"}, "only 12 CPUs are available", 20),
+    ({"count": 1, "exclude_cpus": "0-170"}, "only 0 CPUs are available", 1),     # whole cores: 171-175's siblings are excluded
+    ({"exclude_cpus": "a-b"}, "exclude_cpus", "a-b"),
+])
+def test_bad_input_is_refused_naming_value(seed, kwargs, message, value):
+    nic, topo = state(seed)
+    with pytest.raises(AffinityError) as exc:
+        plan_affinity(nic, topo, **kwargs)
+    assert message in str(exc.value)
+    assert exc.value.details["value"] == value
+    assert exc.value.details["expected"]
+
+
+def test_offline_cpu_is_refused(tmp_path):
+    spec = treegen.lab_virtio()
+    spec["offline"] = [6]
+    tree = treegen.build_tree(tmp_path, spec)
+    nic, topo = state(tree, interface="enp66s1")
+    with pytest.raises(AffinityError) as exc:
+        plan_affinity(nic, topo, cpus="4-7")
+    assert "CPU 6 is offline" in str(exc.value) and exc.value.details["expected"].startswith("an online CPU in 0-5,7")
+
+
+def test_no_queue_irqs_is_an_error(tmp_path):
+    spec = treegen.lab_virtio()
+    spec["nics"][1]["irqs"] = spec["nics"][1]["irqs"][:1]      # only virtio2-config
+    tree = treegen.build_tree(tmp_path, spec)
+    nic, topo = state(tree, interface="enp66s1")
+    with pytest.raises(AffinityError) as exc:
+        plan_affinity(nic, topo, cpus="4")
+    assert exc.value.details["value"] == ["virtio2-config"]
+
+
+def test_isolated_cpus_are_avoided_by_policy_and_warned_when_explicit(tmp_path):
+    spec = treegen.lab_virtio()
+    spec["isolated"] = [6, 7]
+    tree = treegen.build_tree(tmp_path, spec)
+    nic, topo = state(tree, interface="enp66s1")
+    assert plan_affinity(nic, topo, count=2).cpus == [4, 5]
+    assert any("isolated or nohz_full" in w for w in plan_affinity(nic, topo, cpus="6-7").warnings)
+
+
+def test_diff_is_a_readable_table(seed):
+    nic, topo = state(seed)
+    diff = plan_affinity(nic, topo, cpus="160-170").diff()
+    assert diff["before"].splitlines()[2].split() == ["60", "mlx5_comp0@pci:0000:00:07.0", "0", "0"]
+    assert diff["after"].splitlines()[2].split() == ["60", "mlx5_comp0@pci:0000:00:07.0", "0", "160"]
+    assert diff["before"].splitlines()[1].split()[2] == "-"          # control IRQ has no queue
+
+
+# ----------------------------------------------------------------- apply ---
+
+def test_apply_writes_only_differences_then_is_idempotent(seed):
+    seed.set_affinity(62, [162])                         # queue 2 already right
+    nic, topo = state(seed)
+    plan = plan_affinity(nic, topo, cpus="160-170")
+    assert 62 not in [i.irq for i in plan.changes]
+    untouched = os.stat(os.path.join(seed.irq_dir(62), "smp_affinity_list")).st_mtime_ns
+    apply_plan(plan, procfs=seed.proc)
+    assert [seed.affinity(60 + q) for q in range(11)] == [str(160 + q) for q in range(11)]
+    assert seed.affinity(59) == "0"
+    assert os.stat(os.path.join(seed.irq_dir(62), "smp_affinity_list")).st_mtime_ns == untouched
+    assert set(i.status for i in plan.items if i.kind == "queue") == {"changed", "pending"}
+    again = plan_affinity(*state(seed), cpus="160-170")
+    assert again.changes == []
+    # effective_affinity_list still shows the old CPUs: pending, not rewritten
+    assert set(i.status for i in again.items if i.kind == "queue") == {"pending"}
+
+
+def test_check_mode_writes_nothing(seed):
+    before = seed.all_affinities()
+    result = run_desired_state({"cpus": "160-170"}, check_mode=True, procfs=seed.proc, sysfs=seed.sys)
+    assert seed.all_affinities() == before
+    assert result["changed"] is True
+    assert [(i["irq"], i["before"], i["after"], i["status"]) for i in result["irqs"]][:3] == [
+        (59, "0", "0", "unchanged"), (60, "0", "160", "would_change"), (61, "1", "161", "would_change")]
+
+
+def test_failed_write_restores_what_this_run_changed(seed):
+    seed.break_irq(65)                                       # writing it fails with EISDIR, even as root
+    before = seed.all_affinities()
+    with pytest.raises(AffinityError) as exc:
+        run_desired_state({"cpus": "160-170"}, procfs=seed.proc, sysfs=seed.sys)
+    details = exc.value.details
+    assert (details["irq"], details["value"], details["errno"]) == (65, "165", errno.EISDIR)
+    assert details["rolled_back"] == [64, 63, 62, 61, 60]
+    assert "IRQ 65" in str(exc.value) and "165" in str(exc.value)
+    assert seed.all_affinities() == before
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EPERM])
+def test_managed_irq_refusal_is_unchangeable_not_an_error(seed, code):
+    def write(path, text):
+        if "/irq/63/" in path:
+            raise OSError(code, os.strerror(code))
+        with open(path, "w") as handle:
+            handle.write(text)
+
+    result = run_desired_state({"cpus": "160-170"}, procfs=seed.proc, sysfs=seed.sys, write=write)
+    status = dict((i["irq"], i["status"]) for i in result["irqs"])
+    assert status[63] == "unchangeable" and status[64] == "changed"
+    assert seed.affinity(63) == "3" and seed.affinity(64) == "164"
+    assert any("kernel-managed" in w for w in result["warnings"])
+
+
+def test_strict_turns_a_managed_irq_into_rollback_and_error(seed):
+    def write(path, text):
+        if "/irq/63/" in path:
+            raise OSError(errno.EIO, "Input/output error")
+        with open(path, "w") as handle:
+            handle.write(text)
+
+    before = seed.all_affinities()
+    with pytest.raises(AffinityError) as exc:
+        run_desired_state({"cpus": "160-170", "strict": True}, procfs=seed.proc, sysfs=seed.sys, write=write)
+    assert exc.value.details["irq"] == 63
+    assert seed.all_affinities() == before
+
+
+def test_active_irqbalance_blocks_unless_allowed(tmp_path):
+    tree = treegen.build_tree(tmp_path, treegen.lab_virtio())       # irqbalance running, systemd present
+    before = tree.all_affinities()
+    with pytest.raises(AffinityError) as exc:
+        run_desired_state({"interface": "enp66s1", "cpus": "4-7"}, procfs=tree.proc, sysfs=tree.sys, run=tree.run)
+    assert "irqbalance is active" in str(exc.value)
+    assert tree.all_affinities() == before
+    result = run_desired_state({"interface": "enp66s1", "cpus": "4-7", "allow_irqbalance": True},
+                               procfs=tree.proc, sysfs=tree.sys, run=tree.run)
+    assert result["changed"] and any("irqbalance is active (allowed)" in w for w in result["warnings"])
+
+
+def test_unknown_desired_key_is_refused(lab):
+    with pytest.raises(AffinityError) as exc:
+        run_desired_state({"interfce": "x"}, procfs=lab.proc, sysfs=lab.sys)
+    assert exc.value.details["value"] == ["interfce"]
+
+
+# ------------------------------------------------------------------- CLI ---
+
+def test_boot_cli_applies_then_reports_no_change(lab, tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"pci_address": "0000:42:01.0", "cpus": "4-7", "procfs_path": lab.proc, "sysfs_path": lab.sys}))
+    out = io.StringIO()
+    assert _irq_pin_cli.main([str(path)], out=out) == 0
+    assert "enp66s1 (0000:42:01.0): changed, target CPUs 4-7" in out.getvalue()
+    assert lab.affinity(41) == "4" and lab.affinity(42) == "4" and lab.affinity(43) == "6"
+    out = io.StringIO()
+    assert _irq_pin_cli.main(["--check", str(path)], out=out) == 0
+    assert "no change" in out.getvalue()
+
+
+def test_boot_cli_waits_a_bounded_time_for_a_missing_nic_then_fails(lab, tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"interface": "eth7", "cpus": "4", "procfs_path": lab.proc, "sysfs_path": lab.sys}))
+    clock = iter(range(100))
+    sleeps = []
+    out = io.StringIO()
+    code = _irq_pin_cli.main(["--wait", "3", str(path)], out=out, sleep=sleeps.append, clock=lambda: next(clock))
+    assert code == 1 and "eth7" in out.getvalue() and len(sleeps) == 2      # clock 0 -> deadline 3: retried at 1 and 2
+
+
+@pytest.mark.parametrize("argv,code", [(["--bogus"], 2), (["/nonexistent.json"], 1), (["--wait", "x"], 2)])
+def test_boot_cli_usage_errors(argv, code):
+    assert _irq_pin_cli.main(argv, out=io.StringIO()) == code
