@@ -1,0 +1,922 @@
+#!/usr/bin/env python3
+"""gpunode lab: real-kernel QEMU guests shaped like GPU training nodes.
+
+Stdlib only. Run as root. Used by the Molecule scenarios under molecule/ and
+by humans:
+
+    tests/lab/lab.py build                         # build or reuse the cached image
+    tests/lab/lab.py up --name g1 --shape gpu-node --port 2222
+    tests/lab/lab.py ssh g1 -- cat /proc/interrupts
+    tests/lab/lab.py info g1                       # JSON: port, key, tap, console log
+    tests/lab/lab.py list
+    tests/lab/lab.py down --name g1                # or: down --all
+
+Environment:
+    GPUNODE_LAB_CACHE         image cache (default /var/cache/gpunode-lab)
+    GPUNODE_LAB_STATE         run state: pidfiles, overlays, console logs
+                              (default /run/gpunode-lab)
+    GPUNODE_LAB_MIRROR        Debian mirror URL (default: from this host's apt sources)
+    GPUNODE_LAB_BOOT_TIMEOUT  seconds until a guest must answer SSH (default 300)
+    GPUNODE_LAB_ACCEL         tcg (default) or kvm; kvm is used only if a probe boot
+                              succeeds within GPUNODE_LAB_KVM_PROBE_TIMEOUT (default 90)
+    GPUNODE_LAB_KEEP          image generations kept in the cache (default 3)
+
+Nothing here touches the host's /proc/irq, bootloader or systemd. The only host
+addresses used are 127.0.0.1 ports (SSH forwards). Each guest's data NIC sits
+on a tap device that QEMU creates and that disappears with the QEMU process; it
+carries no address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# Bump when the build procedure in this file changes in a way that changes
+# the image (packages.txt and customize.sh are hashed by content).
+RECIPE_VERSION = "1"
+SUITE = "bookworm"
+DISK_SIZE = "4G"
+
+CACHE = Path(os.environ.get("GPUNODE_LAB_CACHE", "/var/cache/gpunode-lab"))
+STATE = Path(os.environ.get("GPUNODE_LAB_STATE", "/run/gpunode-lab"))
+BOOT_TIMEOUT = int(os.environ.get("GPUNODE_LAB_BOOT_TIMEOUT", "300"))
+KVM_PROBE_TIMEOUT = int(os.environ.get("GPUNODE_LAB_KVM_PROBE_TIMEOUT", "90"))
+KEEP = int(os.environ.get("GPUNODE_LAB_KEEP", "3"))
+
+TAP_PREFIX = "glab"
+QEMU = "qemu-system-x86_64"
+
+# Host tools the lab needs: Debian package -> a command it provides.
+HOST_PACKAGES = {
+    "qemu-system-x86": QEMU,
+    "qemu-utils": "qemu-img",
+    "debootstrap": "debootstrap",
+    "e2fsprogs": "mkfs.ext4",
+    "openssh-client": "ssh-keygen",
+    "iproute2": "ip",
+}
+
+# Image variants built from the same root filesystem.
+#   full:          everything in packages.txt
+#   no-irqbalance: the same with irqbalance purged (a node without irqbalance)
+VARIANTS = {"full": [], "no-irqbalance": ["irqbalance"]}
+
+KERNEL_CMDLINE = "root=/dev/vda rw console=ttyS0 mitigations=off"
+
+# Guest shapes. PCI slots on the root bus are explicit so that interface
+# names never move: ens3 = management NIC, 0x5 = disk.
+SHAPES = {
+    "gpu-node": {
+        "description": "2 sockets x 2 cores x 2 threads, 2 NUMA nodes (0-3, 4-7), "
+        "6-queue virtio NIC behind a PCI expander bridge on NUMA node 1, irqbalance running",
+        "variant": "full",
+        "args": [
+            "-cpu", "Nehalem",
+            "-smp", "8,sockets=2,cores=2,threads=2",
+            "-m", "1024",
+            "-object", "memory-backend-ram,id=m0,size=512M",
+            "-object", "memory-backend-ram,id=m1,size=512M",
+            "-numa", "node,nodeid=0,cpus=0-3,memdev=m0",
+            "-numa", "node,nodeid=1,cpus=4-7,memdev=m1",
+            "-device", "pxb,id=b1,bus_nr=64,numa_node=1,bus=pci.0,addr=0x6",
+            "-device", "pci-bridge,id=br1,bus=b1,chassis_nr=1",
+        ],
+        "queues": 6,
+        "vectors": 14,
+        "data_nic_bus": "bus=br1,addr=0x1",
+        # What the guest sees (asserted by molecule/lab/tests/test_lab.py).
+        "expect": {
+            "cpus": 8,
+            "numa_nodes": {0: "0-3", 1: "4-7"},
+            "data_nic": "enp66s1",
+            "data_nic_pci": "0000:42:01.0",
+            "data_nic_numa_node": 1,
+            "irqbalance": True,
+        },
+    },
+    "small-node": {
+        "description": "4 CPUs, 1 socket, no SMT, 1 NUMA node, 2-queue virtio NIC "
+        "on the root bus, no irqbalance",
+        "variant": "no-irqbalance",
+        "args": [
+            "-cpu", "Nehalem",
+            "-smp", "4,sockets=1,cores=4,threads=1",
+            "-m", "768",
+        ],
+        "queues": 2,
+        "vectors": 6,
+        "data_nic_bus": "bus=pci.0,addr=0x4",
+        "expect": {
+            "cpus": 4,
+            "numa_nodes": {0: "0-3"},
+            "data_nic": "ens4",
+            "data_nic_pci": "0000:00:04.0",
+            "data_nic_numa_node": -1,
+            "irqbalance": False,
+        },
+    },
+}
+
+
+class LabError(Exception):
+    """A lab operation failed; the message says what and where to look."""
+
+
+def log(msg: str) -> None:
+    stamp = datetime.datetime.now().strftime("%H:%M:%S")
+    print(f"[lab {stamp}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(argv, check=True, capture=False, **kw):
+    """Run a command; on failure raise LabError with its output."""
+    res = subprocess.run(argv, text=True, capture_output=capture, **kw)
+    if check and res.returncode != 0:
+        detail = ""
+        if capture:
+            detail = "\n" + (res.stdout or "")[-2000:] + (res.stderr or "")[-2000:]
+        raise LabError(f"command failed (rc={res.returncode}): {shlex.join(map(str, argv))}{detail}")
+    return res
+
+
+# --------------------------------------------------------------------------
+# Host prerequisites
+# --------------------------------------------------------------------------
+
+def ensure_host_packages(packages=None) -> None:
+    """apt-get install the host packages whose commands are missing."""
+    wanted = packages or HOST_PACKAGES
+    missing = [pkg for pkg, cmd in wanted.items() if not shutil.which(cmd)]
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise LabError(f"missing host packages {missing}; install them or run as root")
+    log(f"installing host packages: {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    cmd = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
+    if run(cmd, check=False, env=env).returncode != 0:
+        run(["apt-get", "update"], env=env)
+        run(cmd, env=env)
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (debootstrap, tap devices)")
+
+
+# --------------------------------------------------------------------------
+# Image build and cache
+# --------------------------------------------------------------------------
+
+def read_packages() -> list[str]:
+    pkgs = []
+    for line in (HERE / "packages.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            pkgs.append(line)
+    return pkgs
+
+
+def debian_mirror() -> str:
+    """The Debian mirror this host's apt uses for SUITE (deb822 or one-line)."""
+    env = os.environ.get("GPUNODE_LAB_MIRROR")
+    if env:
+        return env.rstrip("/")
+    candidates = []
+    files = sorted(glob.glob("/etc/apt/sources.list.d/*.sources"))
+    for path in files:
+        for stanza in re.split(r"\n\s*\n", Path(path).read_text()):
+            fields = {}
+            for line in stanza.splitlines():
+                if line.startswith("#") or ":" not in line:
+                    continue
+                key, _, value = line.partition(":")
+                fields[key.strip().lower()] = value.strip()
+            if fields.get("enabled", "yes").lower() == "no":
+                continue
+            if "deb" in fields.get("types", "").split() and SUITE in fields.get("suites", "").split():
+                candidates += fields.get("uris", "").split()
+    for path in ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*.list"))]:
+        if not os.path.exists(path):
+            continue
+        for line in Path(path).read_text().splitlines():
+            words = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
+            if len(words) >= 3 and words[0] == "deb" and words[2] == SUITE:
+                candidates.append(words[1])
+    if not candidates:
+        raise LabError(
+            f"no Debian mirror for '{SUITE}' in /etc/apt/sources.list(.d); set GPUNODE_LAB_MIRROR"
+        )
+    return candidates[0].rstrip("/")
+
+
+def ssh_key() -> Path:
+    """The lab's root SSH key, generated once and kept in the cache dir."""
+    key = CACHE / "ssh" / "id_ed25519"
+    if not key.exists():
+        ensure_host_packages({"openssh-client": "ssh-keygen"})
+        key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = key.with_name(f".tmp-{os.getpid()}")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpunode-lab", "-f", str(tmp)], capture=True)
+        os.replace(f"{tmp}.pub", f"{key}.pub")
+        os.replace(tmp, key)
+    return key
+
+
+def cache_key() -> tuple[str, dict]:
+    """sha256 over everything that goes into the image."""
+    inputs = {
+        "recipe_version": RECIPE_VERSION,
+        "suite": SUITE,
+        "disk_size": DISK_SIZE,
+        "variants": VARIANTS,
+        "packages.txt": hashlib.sha256((HERE / "packages.txt").read_bytes()).hexdigest(),
+        "customize.sh": hashlib.sha256((HERE / "customize.sh").read_bytes()).hexdigest(),
+        "ssh_pubkey": hashlib.sha256(Path(f"{ssh_key()}.pub").read_bytes()).hexdigest(),
+    }
+    blob = json.dumps(inputs, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16], inputs
+
+
+def image_dir(key: str) -> Path:
+    return CACHE / "images" / key
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def mounts_under(path: Path) -> list[str]:
+    prefix = str(path.resolve()) + "/"
+    found = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            mnt = line.split()[4].replace("\\040", " ")
+            if mnt.startswith(prefix):
+                found.append(mnt)
+    return sorted(found, key=len, reverse=True)
+
+
+def remove_build_dir(path: Path) -> None:
+    """Remove a (possibly interrupted) build dir, unmounting anything inside first."""
+    for mnt in mounts_under(path):
+        run(["umount", "-l", mnt], check=False)
+    if mounts_under(path):
+        raise LabError(f"cannot unmount everything under {path}")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def build(force: bool = False) -> tuple[Path, bool]:
+    """Build the image for the current inputs, or reuse the cached one.
+
+    Returns (image dir, True if it was built now).
+    """
+    require_root()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    key, inputs = cache_key()
+    final = image_dir(key)
+    if (final / "manifest.json").exists() and not force:
+        return final, False
+    with locked(CACHE / ".build.lock"):
+        if (final / "manifest.json").exists() and not force:
+            return final, False   # another process built it while we waited
+        # Leftovers of interrupted builds are never used: only a renamed,
+        # complete directory with a manifest counts as cached.
+        for stale in (CACHE / "images").glob(".tmp-*"):
+            log(f"removing interrupted build {stale}")
+            remove_build_dir(stale)
+        ensure_host_packages()
+        (CACHE / "images").mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=CACHE / "images"))
+        try:
+            _build_into(tmp, key, inputs)
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        except BaseException:
+            remove_build_dir(tmp)
+            raise
+        prune_images(keep=final)
+    return final, True
+
+
+def _build_into(out: Path, key: str, inputs: dict) -> None:
+    t0 = time.monotonic()
+    rootfs = out / "rootfs"
+    buildlog = out / "build.log"
+    mirror = debian_mirror()
+    pkgs = read_packages()
+    debs = CACHE / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    log(f"building image {key}: debootstrap {SUITE} from {mirror} ({len(pkgs)} packages); log: {buildlog}")
+
+    def step(argv, **kw):
+        with open(buildlog, "a") as fh:
+            fh.write(f"\n$ {shlex.join(map(str, argv))}\n")
+            fh.flush()
+            res = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, text=True, **kw)
+        if res.returncode != 0:
+            tail = "".join(buildlog.read_text().splitlines(keepends=True)[-40:])
+            raise LabError(f"build step failed (rc={res.returncode}): {shlex.join(map(str, argv))}\n{tail}")
+
+    step([
+        "debootstrap", "--variant=minbase", f"--cache-dir={debs}",
+        f"--include={','.join(pkgs)}", SUITE, str(rootfs), mirror,
+    ])
+    log(f"debootstrap done after {time.monotonic() - t0:.0f}s")
+
+    sshdir = rootfs / "root" / ".ssh"
+    sshdir.mkdir(mode=0o700, exist_ok=True)
+    shutil.copyfile(f"{ssh_key()}.pub", sshdir / "authorized_keys")
+    shutil.copyfile(HERE / "customize.sh", rootfs / "tmp" / "customize.sh")
+    policy = rootfs / "usr" / "sbin" / "policy-rc.d"   # never start services in the chroot
+    policy.write_text("#!/bin/sh\nexit 101\n")
+    policy.chmod(0o755)
+    run(["mount", "-t", "proc", "proc", str(rootfs / "proc")])
+    try:
+        step(["chroot", str(rootfs), "/bin/sh", "/tmp/customize.sh"])
+        kernels = sorted((rootfs / "boot").glob("vmlinuz-*"))
+        if len(kernels) != 1:
+            raise LabError(f"expected one kernel in the image, found {kernels}")
+        kver = kernels[0].name[len("vmlinuz-"):]
+        shutil.copyfile(kernels[0], out / "vmlinuz")
+        shutil.copyfile(rootfs / "boot" / f"initrd.img-{kver}", out / "initrd.img")
+        pkglist = subprocess.run(
+            ["chroot", str(rootfs), "dpkg-query", "-W", "-f", "${Package}\t${Version}\n"],
+            capture_output=True, text=True, check=True,
+        ).stdout
+        (out / "packages.lock").write_text(pkglist)
+        variants = {}
+        for name, purge in VARIANTS.items():
+            if purge:
+                step(["chroot", str(rootfs), "dpkg", "--purge", *purge])
+            disk = out / f"{name}.img"
+            (rootfs / "tmp" / "customize.sh").unlink(missing_ok=True)
+            policy.unlink(missing_ok=True)
+            run(["umount", str(rootfs / "proc")])
+            try:
+                step(["truncate", "-s", DISK_SIZE, str(disk)])
+                step([
+                    "mkfs.ext4", "-q", "-F", "-L", "gpunode-lab",
+                    "-E", "lazy_itable_init=0,lazy_journal_init=0",
+                    "-d", str(rootfs), str(disk),
+                ])
+            finally:
+                run(["mount", "-t", "proc", "proc", str(rootfs / "proc")])
+                policy.write_text("#!/bin/sh\nexit 101\n")
+                policy.chmod(0o755)
+            disk.chmod(0o444)
+            variants[name] = {"disk": disk.name, "purged": purge}
+            log(f"variant {name}: {disk.name} done after {time.monotonic() - t0:.0f}s")
+    finally:
+        for mnt in mounts_under(rootfs):
+            run(["umount", "-l", mnt], check=False)
+    shutil.rmtree(rootfs)
+    manifest = {
+        "key": key,
+        "inputs": inputs,
+        "mirror": mirror,
+        "kernel": kver,
+        "variants": variants,
+        "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "build_seconds": round(time.monotonic() - t0),
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    log(f"image {key} built in {manifest['build_seconds']}s (kernel {kver})")
+
+
+def prune_images(keep: Path) -> None:
+    """Keep the newest KEEP image generations (other clones may use older ones)."""
+    images = sorted(
+        (p for p in (CACHE / "images").iterdir() if not p.name.startswith(".") and p != keep),
+        key=lambda p: p.stat().st_mtime, reverse=True,
+    )
+    for old in images[max(KEEP - 1, 0):]:
+        log(f"pruning old image {old}")
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def current_image() -> Path:
+    """The cached image for the current inputs, building it if needed."""
+    key, _ = cache_key()
+    final = image_dir(key)
+    if (final / "manifest.json").exists():
+        return final
+    return build()[0]
+
+
+# --------------------------------------------------------------------------
+# Guests
+# --------------------------------------------------------------------------
+
+def tap_name(name: str) -> str:
+    """Short, unique per instance name, within IFNAMSIZ (15)."""
+    return TAP_PREFIX + hashlib.sha256(name.encode()).hexdigest()[:8]
+
+
+def mac(name: str, nic: int) -> str:
+    h = hashlib.sha256(name.encode()).digest()
+    return f"52:54:00:{h[0]:02x}:{h[1]:02x}:{nic:02x}"
+
+
+def inst_dir(name: str) -> Path:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name):
+        raise LabError(f"bad instance name {name!r}: use letters, digits, '-', '_', '.'")
+    return STATE / name
+
+
+def load_instance(name: str) -> dict | None:
+    path = inst_dir(name) / "instance.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def instances() -> list[str]:
+    if not STATE.is_dir():
+        return []
+    return sorted(p.name for p in STATE.iterdir() if p.is_dir())
+
+
+def pid_alive(pid: int | None, marker: str | None = None) -> bool:
+    if not pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
+        return False
+    return marker is None or marker in cmdline
+
+
+def read_pid(d: Path) -> int | None:
+    try:
+        return int((d / "qemu.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def console_tail(name: str, lines: int = 60) -> str:
+    path = inst_dir(name) / "console.log"
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no console log at {path})"
+    tail = text.splitlines()[-lines:]
+    return f"---- last {len(tail)} lines of {path} ----\n" + "\n".join(tail) + "\n---- end of console log ----"
+
+
+def qemu_argv(name: str, shape: str, port: int, image: Path, accel: str, hostname: str) -> list[str]:
+    d = inst_dir(name)
+    spec = SHAPES[shape]
+    tap = tap_name(name)
+    append = f"{KERNEL_CMDLINE} systemd.hostname={hostname}"
+    accel_arg = "kvm" if accel == "kvm" else "tcg,thread=multi"
+    return [
+        QEMU,
+        "-name", f"gpunode-lab-{name}",
+        "-machine", "pc",
+        "-accel", accel_arg,
+        "-nodefaults", "-no-user-config",
+        "-display", "none",
+        *spec["args"],
+        "-kernel", str(image / "vmlinuz"),
+        "-initrd", str(image / "initrd.img"),
+        "-append", append,
+        "-drive", f"file={d / 'disk.qcow2'},if=none,id=d0,format=qcow2,cache=unsafe",
+        "-device", "virtio-blk-pci,drive=d0,bus=pci.0,addr=0x5",
+        "-netdev", f"user,id=mgmt,hostfwd=tcp:127.0.0.1:{port}-:22",
+        "-device", f"virtio-net-pci,netdev=mgmt,mac={mac(name, 1)},bus=pci.0,addr=0x3",
+        "-netdev", f"tap,id=data,ifname={tap},script=no,downscript=no,queues={spec['queues']}",
+        "-device", f"virtio-net-pci,netdev=data,mq=on,vectors={spec['vectors']},"
+                   f"mac={mac(name, 2)},{spec['data_nic_bus']}",
+        "-serial", f"file:{d / 'console.log'}",
+        "-monitor", f"unix:{d / 'monitor.sock'},server=on,wait=off",
+        "-pidfile", str(d / "qemu.pid"),
+        "-daemonize",
+    ]
+
+
+def ssh_base(port: int, key: Path) -> list[str]:
+    return [
+        "ssh", "-i", str(key), "-p", str(port),
+        "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+        "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+        "-o", "ConnectTimeout=15", "-o", "ServerAliveInterval=15",
+        "root@127.0.0.1",
+    ]
+
+
+def ssh_banner(port: int, timeout: float = 5.0) -> bool:
+    """True when the guest's sshd (not just QEMU's port forward) answers."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            return s.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def wait_for_ssh(name: str, inst: dict, deadline: float) -> None:
+    key = Path(inst["identity_file"])
+    while True:
+        if not pid_alive(inst["pid"]):
+            raise LabError(f"guest {name}: QEMU exited during boot\n{console_tail(name)}")
+        if ssh_banner(inst["port"]):
+            res = subprocess.run(
+                [*ssh_base(inst["port"], key), "true"], capture_output=True, text=True, timeout=60,
+            )
+            if res.returncode == 0:
+                break
+        if time.monotonic() > deadline:
+            raise LabError(f"guest {name}: no SSH on 127.0.0.1:{inst['port']} within the boot timeout\n{console_tail(name)}")
+        time.sleep(2)
+    # Let the boot finish (irqbalance, networking) so tests see a settled guest.
+    remaining = max(int(deadline - time.monotonic()), 10)
+    res = subprocess.run(
+        [*ssh_base(inst["port"], key),
+         f"timeout {remaining} systemctl is-system-running --wait; systemctl --failed --no-legend"],
+        capture_output=True, text=True,
+    )
+    state = (res.stdout.splitlines() or ["unknown"])[0].strip()
+    if state not in ("running", "degraded"):
+        raise LabError(f"guest {name}: boot did not finish (state {state!r})\n{console_tail(name)}")
+    if state == "degraded":
+        log(f"guest {name}: degraded, failed units:\n{res.stdout}")
+
+
+def start_qemu(name: str, shape: str, port: int, image: Path, accel: str, hostname: str) -> dict:
+    d = inst_dir(name)
+    variant = SHAPES[shape]["variant"]
+    base = image / f"{variant}.img"
+    for f in ("disk.qcow2", "console.log", "qemu.pid", "monitor.sock"):
+        (d / f).unlink(missing_ok=True)
+    run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(base), str(d / "disk.qcow2")], capture=True)
+    argv = qemu_argv(name, shape, port, image, accel, hostname)
+    (d / "qemu.argv").write_text(shlex.join(argv) + "\n")
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if res.returncode != 0:
+        raise LabError(f"guest {name}: QEMU did not start (rc={res.returncode}):\n{res.stderr}{res.stdout}")
+    pid = read_pid(d)
+    tap = tap_name(name)
+    # The tap exists as long as QEMU holds it. No address, no IPv6 link-local:
+    # the host sends nothing into it.
+    run(["ip", "link", "set", "dev", tap, "addrgenmode", "none"], capture=True)
+    run(["ip", "link", "set", "dev", tap, "up"], capture=True)
+    inst = {
+        "name": name,
+        "shape": shape,
+        "hostname": hostname,
+        "address": "127.0.0.1",
+        "port": port,
+        "user": "root",
+        "identity_file": str(ssh_key()),
+        "tap": tap,
+        "queues": SHAPES[shape]["queues"],
+        "pid": pid,
+        "accel": accel,
+        "image": str(image),
+        "variant": variant,
+        "state_dir": str(d),
+        "console_log": str(d / "console.log"),
+        "monitor": str(d / "monitor.sock"),
+        "expect": SHAPES[shape]["expect"],
+    }
+    (d / "instance.json").write_text(json.dumps(inst, indent=2) + "\n")
+    return inst
+
+
+def kvm_usable(image: Path) -> bool:
+    """Opt-in KVM: only if /dev/kvm exists and a probe guest boots (cached per host+image)."""
+    if not os.path.exists("/dev/kvm"):
+        return False
+    probe_file = STATE / f"kvm-probe-{image.name}-{os.uname().release}.json"
+    if probe_file.exists():
+        return json.loads(probe_file.read_text())["ok"]
+    name = "kvm-probe"
+    log(f"probing KVM with a guest boot (up to {KVM_PROBE_TIMEOUT}s)")
+    ok = False
+    try:
+        up(name, "small-node", free_port(), accel="kvm", timeout=KVM_PROBE_TIMEOUT, probe=True)
+        ok = True
+    except LabError as exc:
+        log(f"KVM probe failed, using TCG: {str(exc).splitlines()[0]}")
+    finally:
+        down(name)
+    probe_file.write_text(json.dumps({"ok": ok}) + "\n")
+    return ok
+
+
+def up(name: str, shape: str, port: int | None, accel: str | None = None,
+       timeout: int | None = None, hostname: str | None = None, probe: bool = False) -> dict:
+    require_root()
+    if shape not in SHAPES:
+        raise LabError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    ensure_host_packages({k: v for k, v in HOST_PACKAGES.items() if k != "debootstrap"})
+    image = current_image()
+    d = inst_dir(name)
+    if d.exists():
+        log(f"instance {name} exists; replacing it")
+        down(name)
+    if accel is None:
+        accel = os.environ.get("GPUNODE_LAB_ACCEL", "tcg")
+    if accel not in ("tcg", "kvm"):
+        raise LabError(f"GPUNODE_LAB_ACCEL must be tcg or kvm, not {accel!r}")
+    if accel == "kvm" and not probe and not kvm_usable(image):
+        accel = "tcg"
+    port = port or free_port()
+    if not port_free(port):
+        raise LabError(f"127.0.0.1:{port} is in use; pick another --port")
+    STATE.mkdir(parents=True, exist_ok=True, mode=0o700)
+    d.mkdir(mode=0o700)
+    t0 = time.monotonic()
+    deadline = t0 + (timeout or BOOT_TIMEOUT)
+    log(f"booting {name} ({shape}, {accel}) ssh 127.0.0.1:{port}, tap {tap_name(name)}")
+    try:
+        inst = start_qemu(name, shape, port, image, accel, hostname or name)
+        wait_for_ssh(name, inst, deadline)
+    except BaseException:
+        if not probe:
+            with contextlib.suppress(Exception):
+                down(name, keep_logs=True)
+        raise
+    inst["boot_seconds"] = round(time.monotonic() - t0, 1)
+    (d / "instance.json").write_text(json.dumps(inst, indent=2) + "\n")
+    log(f"{name} up after {inst['boot_seconds']}s")
+    return inst
+
+
+def netns_with_link(tap: str) -> list[str]:
+    res = run(["ip", "-j", "netns", "list"], check=False, capture=True)
+    names = []
+    with contextlib.suppress(ValueError):
+        names = [n["name"] for n in json.loads(res.stdout or "[]")]
+    return [ns for ns in names
+            if run(["ip", "-n", ns, "link", "show", "dev", tap], check=False, capture=True).returncode == 0]
+
+
+def remove_tap(tap: str) -> None:
+    if os.path.exists(f"/sys/class/net/{tap}"):
+        run(["ip", "link", "del", "dev", tap], check=False, capture=True)
+    for ns in netns_with_link(tap):   # a test may have moved the tap into its namespace
+        run(["ip", "-n", ns, "link", "del", "dev", tap], check=False, capture=True)
+
+
+def kill_pid(pid: int, marker: str) -> None:
+    if not pid_alive(pid, marker):
+        return
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(100):
+        if not pid_alive(pid, marker):
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(50):
+        if not pid_alive(pid, marker):
+            return
+        time.sleep(0.1)
+    raise LabError(f"QEMU pid {pid} does not die")
+
+
+def down(name: str, keep_logs: bool = False) -> None:
+    """Stop a guest, remove its tap and overlay. Idempotent."""
+    d = inst_dir(name)
+    marker = str(d / "qemu.pid")       # QEMU's own argv names its pidfile
+    kill_pid(read_pid(d) or 0, marker)
+    remove_tap(tap_name(name))
+    if not d.exists():
+        return
+    if keep_logs:
+        # Keep the console log of a failed boot for humans; drop the rest.
+        keep = STATE / "failed"
+        keep.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            shutil.copyfile(d / "console.log", keep / f"{name}.console.log")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def orphan_qemu_pids() -> list[int]:
+    """QEMU processes started from this state dir whose instance dir is gone."""
+    pids = []
+    needle = f"{STATE}/".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(QEMU.encode()) and any(
+            a.startswith(needle) and a.endswith(b"/qemu.pid") for a in argv
+        ):
+            pids.append(int(proc.name))
+    return pids
+
+
+def taps_in_use() -> set[str]:
+    used = set()
+    for fdinfo in glob.glob("/proc/[0-9]*/fdinfo/*"):
+        with contextlib.suppress(OSError):
+            for line in Path(fdinfo).read_text().splitlines():
+                if line.startswith("iff:"):
+                    used.add(line.split()[1])
+    return used
+
+
+def down_all() -> None:
+    for name in instances():
+        if name == "failed":
+            continue
+        down(name)
+    for pid in orphan_qemu_pids():
+        log(f"killing orphaned lab QEMU pid {pid}")
+        kill_pid(pid, f"{STATE}/")
+    # Stale lab taps (only if nothing holds them open).
+    used = taps_in_use()
+    for path in glob.glob(f"/sys/class/net/{TAP_PREFIX}*"):
+        tap = os.path.basename(path)
+        if os.path.exists(f"{path}/tun_flags") and tap not in used:
+            log(f"removing stale tap {tap}")
+            remove_tap(tap)
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+
+def cmd_build(args) -> int:
+    img, built = build(force=args.force)
+    manifest = json.loads((img / "manifest.json").read_text())
+    if not built:
+        log(f"reusing cached image {img} (built {manifest['built']})")
+    print(json.dumps({"image": str(img), "key": manifest["key"], "kernel": manifest["kernel"],
+                      "reused": not built, "build_seconds": manifest["build_seconds"]}))
+    return 0
+
+
+def cmd_up(args) -> int:
+    inst = up(args.name, args.shape, args.port, accel=args.accel, timeout=args.timeout, hostname=args.hostname)
+    print(json.dumps(inst))
+    return 0
+
+
+def cmd_down(args) -> int:
+    require_root()
+    if not args.all and not args.name:
+        raise LabError("down: give --name NAME (repeatable) or --all")
+    errors = []
+    targets = args.name or []
+    for name in targets:
+        try:
+            down(name)
+        except LabError as exc:
+            errors.append(f"{name}: {exc}")
+    if args.all:
+        down_all()
+    if errors:
+        raise LabError("; ".join(errors))
+    return 0
+
+
+def cmd_ssh(args) -> int:
+    inst = load_instance(args.name)
+    if not inst:
+        raise LabError(f"no instance {args.name!r} (see: lab.py list)")
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    argv = ssh_base(inst["port"], Path(inst["identity_file"]))
+    if not cmd:
+        argv.insert(1, "-t")
+    os.execvp("ssh", argv + cmd)   # like ssh: the words are joined by the remote shell
+    return 1
+
+
+def cmd_info(args) -> int:
+    inst = load_instance(args.name)
+    if not inst:
+        raise LabError(f"no instance {args.name!r}")
+    inst["running"] = pid_alive(inst["pid"], str(inst_dir(args.name) / "qemu.pid"))
+    print(json.dumps(inst, indent=2))
+    return 0
+
+
+def cmd_list(args) -> int:
+    rows = []
+    for name in instances():
+        inst = load_instance(name)
+        if not inst:
+            continue
+        alive = pid_alive(inst["pid"], str(inst_dir(name) / "qemu.pid"))
+        rows.append(f"{name:24} {inst['shape']:11} 127.0.0.1:{inst['port']:<6} {inst['tap']:13} "
+                    f"pid {inst['pid']} {'running' if alive else 'DEAD'}")
+    print("\n".join(rows) if rows else "no lab guests")
+    return 0
+
+
+def cmd_console(args) -> int:
+    print(console_tail(args.name, args.lines))
+    return 0
+
+
+def cmd_shapes(args) -> int:
+    print(json.dumps({k: {"description": v["description"], "queues": v["queues"], "expect": v["expect"]}
+                      for k, v in SHAPES.items()}, indent=2))
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="lab.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="build or reuse the cached guest image")
+    b.add_argument("--force", action="store_true", help="rebuild even if cached")
+    b.set_defaults(func=cmd_build)
+
+    u = sub.add_parser("up", help="boot a guest and wait for SSH")
+    u.add_argument("--name", required=True)
+    u.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    u.add_argument("--port", type=int, default=0, help="127.0.0.1 port for SSH (default: a free one)")
+    u.add_argument("--hostname", help="guest hostname (default: the name)")
+    u.add_argument("--timeout", type=int, help=f"boot timeout in s (default {BOOT_TIMEOUT})")
+    u.add_argument("--accel", choices=["tcg", "kvm"], help="default: $GPUNODE_LAB_ACCEL or tcg")
+    u.set_defaults(func=cmd_up)
+
+    d = sub.add_parser("down", help="stop guests, remove taps and overlays (idempotent)")
+    d.add_argument("--name", action="append", help="instance name (repeatable)")
+    d.add_argument("--all", action="store_true", help="every guest of this state dir, plus orphans")
+    d.set_defaults(func=cmd_down)
+
+    s = sub.add_parser("ssh", help="ssh into a guest: lab.py ssh NAME [-- CMD...]")
+    s.add_argument("name")
+    s.add_argument("cmd", nargs=argparse.REMAINDER)
+    s.set_defaults(func=cmd_ssh)
+
+    i = sub.add_parser("info", help="JSON facts about a guest (port, key, tap, console log)")
+    i.add_argument("name")
+    i.set_defaults(func=cmd_info)
+
+    lst = sub.add_parser("list", help="running guests")
+    lst.set_defaults(func=cmd_list)
+
+    c = sub.add_parser("console", help="tail of a guest's console log")
+    c.add_argument("name")
+    c.add_argument("-n", "--lines", type=int, default=60)
+    c.set_defaults(func=cmd_console)
+
+    sh = sub.add_parser("shapes", help="the guest shapes and what a guest of each shape shows")
+    sh.set_defaults(func=cmd_shapes)
+
+    args = p.parse_args(argv)
+    try:
+        return args.func(args)
+    except LabError as exc:
+        print(f"lab.py {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
