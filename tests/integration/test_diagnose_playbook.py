@@ -137,13 +137,15 @@ def cells_with(page, host, css):
     return sorted(cpu for cpu, classes in page.cells[host].items() if css in classes)
 
 
-def test_diagnose_gives_each_host_its_verdict_and_writes_the_report(fleet):
+@pytest.mark.parametrize("sequential", [False, True], ids=["async", "sequential"])
+def test_diagnose_gives_each_host_its_verdict_and_writes_the_report(fleet, sequential):
     base, inventory = fleet
-    report_dir = base / "report-run"
-    result = run_playbook(inventory, report_dir)
+    report_dir = base / ("report-sequential" if sequential else "report-async")
+    result = run_playbook(inventory, report_dir, "-e", "diagnose_sequential=%s" % sequential)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "6 hosts: 2 contention, 0 check failed, 2 inconclusive, 2 no contention" in result.stdout
     assert "report: %s/cluster.md" % report_dir in result.stdout
+    assert "to look at: gpu-" in result.stdout
 
     report = json.loads((report_dir / "cluster.json").read_text())
     verdicts = dict((host["host"], host["verdict"]) for host in report["hosts"])
