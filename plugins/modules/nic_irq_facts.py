@@ -261,9 +261,6 @@ ansible_facts:
             numa_distances:
               description: Distance row of each NUMA node.
               type: dict
-            cpu_node:
-              description: NUMA node of each CPU.
-              type: dict
             isolated:
               description: CPUs in C(/sys/devices/system/cpu/isolated).
               type: list
@@ -353,7 +350,9 @@ def main():
         nic = read_nic(selector, procfs=procfs, sysfs=sysfs, run=run)
     except NicError as exc:
         module.fail_json(msg=str(exc), **exc.details)
-    nic["topology"] = read_topology(sysfs=sysfs, procfs=procfs)
+    topology = read_topology(sysfs=sysfs, procfs=procfs)
+    topology.pop("cpu_node")  # derivable from numa_nodes; 1000+ entries on big machines
+    nic["topology"] = topology
     nic["irqbalance"] = read_irqbalance(root_of(procfs), run=run)
     module.exit_json(changed=False, ansible_facts={"nic_irq": nic})
 

@@ -1,0 +1,128 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""nic_irq_facts and nic_irq_affinity module glue: exit_json/fail_json raise, trees are real files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+import treegen
+from ansible_collections.gpunode.tuning.plugins.modules import nic_irq_affinity, nic_irq_facts
+
+
+class Exit(Exception):
+    pass
+
+
+class Fail(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def fake_exits(monkeypatch):
+    def exit_json(self, **kwargs):
+        raise Exit(json.loads(json.dumps(kwargs, default=str)))
+
+    def fail_json(self, **kwargs):
+        raise Fail(kwargs)
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+
+def run(module, args, check=False, diff=False):
+    args = dict(args)
+    if check:
+        args["_ansible_check_mode"] = True
+    if diff:
+        args["_ansible_diff"] = True
+    with patch_module_args(args):
+        with pytest.raises((Exit, Fail)) as exc:
+            module.main()
+    return exc.type, exc.value.args[0]
+
+
+@pytest.fixture
+def seed(tmp_path):
+    return treegen.build_tree(tmp_path, treegen.seed_vm())
+
+
+def roots(tree, **kw):
+    kw.update(procfs_path=tree.proc, sysfs_path=tree.sys)
+    return kw
+
+
+def test_facts_for_the_default_route_nic(seed):
+    kind, result = run(nic_irq_facts, roots(seed))
+    assert kind is Exit and result["changed"] is False
+    facts = result["ansible_facts"]["nic_irq"]
+    assert (facts["interface"], facts["pci_address"], facts["driver"]) == ("ens7", "0000:00:07.0", "mlx5_core")
+    assert len([i for i in facts["irqs"] if i["kind"] == "queue"]) == 11
+    assert facts["topology"]["siblings"][0] == [0, 88]
+    assert facts["topology"]["numa_nodes"]["1"][0] == 44                 # JSON keys are strings
+    assert facts["irqbalance"]["installed"] is False
+    assert facts["queues"]["sysfs_rx"] == 11 and facts["queues"]["combined_current"] is None   # no ethtool on a tree
+
+
+def test_facts_in_check_mode_are_the_same(seed):
+    assert run(nic_irq_facts, roots(seed), check=True)[1] == run(nic_irq_facts, roots(seed))[1]
+
+
+def test_facts_selector_errors_fail_with_candidates(seed):
+    kind, result = run(nic_irq_facts, roots(seed, interface="ibp17s0"))
+    assert kind is Fail and "InfiniBand" in result["msg"] and result["candidates"] == ["ens7"]
+
+
+def test_facts_mutually_exclusive_selectors(seed):
+    kind, result = run(nic_irq_facts, roots(seed, interface="ens7", mac="02:00:17:0a:0b:0c"))
+    assert kind is Fail and "mutually exclusive" in result["msg"]
+
+
+def test_affinity_check_mode_gives_exact_plan_and_diff_and_writes_nothing(seed):
+    before = seed.all_affinities()
+    kind, result = run(nic_irq_affinity, roots(seed, cpus="160-170", exclude_cpus="0-159"), check=True, diff=True)
+    assert kind is Exit and result["changed"] is True
+    assert seed.all_affinities() == before
+    assert [(i["irq"], i["after"], i["status"]) for i in result["irqs"] if i["kind"] == "queue"] == [
+        (60 + q, str(160 + q), "would_change") for q in range(11)]
+    assert "160" in result["diff"]["after"] and "160" not in result["diff"]["before"]
+    assert result["cpulist"] == "160-170"
+
+
+def test_affinity_converges_then_is_idempotent_and_check_reports_no_change(seed):
+    kind, result = run(nic_irq_affinity, roots(seed, cpus=list(range(160, 171))))
+    assert kind is Exit and result["changed"] is True
+    assert [seed.affinity(60 + q) for q in range(11)] == [str(160 + q) for q in range(11)]
+    assert "diff" not in result
+    kind, again = run(nic_irq_affinity, roots(seed, cpus="160-170"))
+    assert again["changed"] is False
+    assert set(i["status"] for i in again["irqs"] if i["kind"] == "queue") == {"pending"}
+    kind, check = run(nic_irq_affinity, roots(seed, cpus="160-170"), check=True)
+    assert check["changed"] is False
+
+
+def test_affinity_bad_cpu_fails_naming_it_and_changes_nothing(seed):
+    before = seed.all_affinities()
+    kind, result = run(nic_irq_affinity, roots(seed, cpus="170-180"))
+    assert kind is Fail and result["value"] == 176 and "does not exist" in result["msg"]
+    assert seed.all_affinities() == before
+
+
+def test_affinity_cpus_and_count_are_exclusive(seed):
+    kind, result = run(nic_irq_affinity, roots(seed, cpus="1", count=1))
+    assert kind is Fail and "mutually exclusive" in result["msg"]
+
+
+def test_affinity_rollback_failure_reaches_fail_json(seed):
+    seed.break_irq(64)
+    before = seed.all_affinities()
+    kind, result = run(nic_irq_affinity, roots(seed, cpus="160-170"))
+    assert kind is Fail and result["irq"] == 64 and result["rolled_back"] == [63, 62, 61, 60]
+    assert seed.all_affinities() == before
