@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # -*- coding: utf-8 -*-
 # Copyright (c) gpunode.tuning contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
@@ -65,6 +64,7 @@ def in_process(tree, iface):
     basic.AnsibleModule.exit_json = _exit
     with patch_module_args({"interface": iface, "procfs_path": tree.proc, "sysfs_path": tree.sys}):
         start = time.perf_counter()
+        result = None
         try:
             nic_irq_facts.main()
         except _Done as done:
@@ -109,7 +109,7 @@ def measure(func, runs, *args):
     """(median wall ms, max wall ms, median child CPU ms or None)."""
     func(*args)  # warm the page cache
     del CPU[:]
-    values = [func(*args) for _ in range(runs)]
+    values = [func(*args) for dummy in range(runs)]
     cpu = statistics.median(CPU) * 1000 if CPU else None
     return statistics.median(values) * 1000, max(values) * 1000, cpu
 
@@ -131,7 +131,7 @@ def main():
     for label, spec, iface, pci, nqueues, goal in shapes:
         tree = treegen.build_tree(os.path.join(tmp, iface), spec)
         size = os.path.getsize(os.path.join(tree.proc, "interrupts"))
-        lines = sum(1 for _ in open(os.path.join(tree.proc, "interrupts")))
+        lines = sum(1 for dummy in open(os.path.join(tree.proc, "interrupts")))
         r1 = measure(in_process, opts.runs, tree, iface)
         r2 = measure(as_ansible, opts.runs, tree, iface, tmp)
         r3 = measure(seed_loop, opts.runs, tree, pci, nqueues)
@@ -144,7 +144,8 @@ def main():
                " jobs on the machine does not inflate.\n" % (
                    platform.platform(), platform.python_version(), os.cpu_count(), LOAD, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    opts.runs))
-    out.append("| tree | /proc/interrupts | goal | module main() in process (wall) | module as Ansible runs it, new python3 (wall; CPU) | seed shell loop, bash (wall; CPU) |")
+    out.append("| tree | /proc/interrupts | goal | module main() in process (wall) "
+               "| module as Ansible runs it, new python3 (wall; CPU) | seed shell loop, bash (wall; CPU) |")
     out.append("|---|---|---|---|---|---|")
     for label, size, lines, goal, r1, r2, r3 in rows:
         out.append("| %s | %d lines, %.1f MB | < %d ms | %.1f / %.1f | %.1f / %.1f; %.1f | %.1f / %.1f; %.1f |" % (

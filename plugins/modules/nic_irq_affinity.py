@@ -30,12 +30,14 @@ description:
   - An IRQ whose C(effective_affinity_list) has not followed its C(smp_affinity_list) yet (it moves at the next
     interrupt) is reported as V(pending) and never rewritten for that.
 author:
-  - gpunode.tuning contributors
+  - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Returns the exact per-IRQ before and after and V(would_change), and writes nothing.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: A table of IRQ, name, queue and affinity before and after.
 options:

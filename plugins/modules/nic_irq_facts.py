@@ -25,15 +25,18 @@ description:
     C(thread_siblings_list), NUMA nodes, isolated, nohz_full, default_smp_affinity) and the irqbalance state.
   - IRQ numbers, interface names and CPU numbering are rediscovered on every run; nothing is cached.
 author:
-  - gpunode.tuning contributors
+  - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Read-only; check mode returns the same facts.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
     details: Nothing is changed.
   facts:
+    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
     details: Sets C(ansible_facts.nic_irq).
 options:

@@ -70,7 +70,7 @@ def cpulist(cpus):
         elif cpu == prev + 1:
             prev = cpu
         else:
-            parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
+            parts.append(str(start) if start == prev else "%s-%s" % (start, prev))
             start = prev = cpu
     if start is not None:
         parts.append(str(start) if start == prev else "%d-%d" % (start, prev))
@@ -388,8 +388,8 @@ def _interrupts_text(spec, rows, online):
     if spec.get("arch_rows", True):
         out.append("%*s: %s  Non-maskable interrupts\n" % (prec, "NMI", "".join("%10u " % (3 + c % 5) for c in online)))
         out.append("%*s: %s  Local timer interrupts\n" % (prec, "LOC", "".join("%10u " % (100000 + c) for c in online)))
-        out.append("%*s: %10u\n" % (prec, "ERR", 0))
-        out.append("%*s: %10u\n" % (prec, "MIS", 0))
+        out.append("%s: %10d\n" % ("ERR".rjust(prec), 0))
+        out.append("%s: %10d\n" % ("MIS".rjust(prec), 0))
     del ncpus
     return "".join(out)
 
@@ -463,7 +463,7 @@ def build_tree(root, spec):
             local = numa.get(node, allcpus) if node >= 0 else allcpus
         _write(os.path.join(pci_dir, "local_cpulist"), cpulist(local) + "\n")
         _write(os.path.join(pci_dir, "local_cpus"), cpumask(local, ncpus) + "\n")
-        _write(os.path.join(pci_dir, "irq"), "%d\n" % nic.get("legacy_irq", 0))
+        _write(os.path.join(pci_dir, "irq"), "%d\n" % (nic.get("legacy_irq") or 0))
         pci_driver = nic.get("pci_driver") or ("virtio-pci" if nic.get("virtio") else nic["driver"])
         drivers = os.path.join(tree.sys, "bus/pci/drivers", pci_driver)
         os.makedirs(drivers, exist_ok=True)
