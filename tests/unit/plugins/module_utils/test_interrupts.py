@@ -60,6 +60,10 @@ CASES = [
         "HVS": ("", "Hyper-V stimer0 interrupts", 0),
         "MIS": ("", "", 0),
     }),
+    ("gve_2cpu_noheader_partial.txt", 2, {
+        "24": ("PCI-MSI", "gve-ntfy-blk0@pci:0000:00:04.0", 65),
+        "26": ("PCI-MSI", "gve-mgmnt@pci:0000:00:04.0", 0),
+    }),
     ("SYNTHETIC_s390x_4cpu.txt", 4, {
         "I/O": ("", "", 2101 + 1893 + 1542 + 1977),
         "CLK": ("", "[EXT] Clock Comparator", 41238 + 32155 + 30113 + 31002),

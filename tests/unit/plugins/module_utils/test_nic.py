@@ -188,6 +188,7 @@ def test_msi_vector_without_handler_is_reported(tmp_path):
     ("i40e", "i40e-enP1s15-TxRx-2", ("queue", 2, "txrx")),
     ("i40e", "i40e-0001:00:0f.0:misc", ("control", None, None)),
     ("i40e", "i40e-ens1f0-fdir-TxRx-0", ("control", None, None)),
+    ("ice", "ice-em3-TxRx-126", ("queue", 126, "txrx")),               # intel/ethernet-linux-ice#42
     ("ixgbe", "eth4-TxRx-11", ("queue", 11, "txrx")),
     ("ixgbe", "eth4-rx-2", ("queue", 2, "rx")),
     ("ixgbe", "eth4", ("control", None, None)),
@@ -219,6 +220,7 @@ def test_gve_notify_blocks_map_first_half_to_tx_second_half_to_rx():
      ["mlx5_async0@pci:0000:01:00.0"]),
     ("virtio_16cpu_egrep.txt", "virtio_net", ("virtio0",), [0, 0, 1, 1, 2, 2, 3, 3], []),
     ("i40e_virtio_nemu_4cpu_partial.txt", "i40e", ("i40e-",), [0, 1, 2], ["i40e-0001:00:0f.0:misc"]),
+    ("gve_2cpu_noheader_partial.txt", "gve", ("gve-",), [0, 0], ["gve-mgmnt@pci:0000:00:04.0"]),   # block 0 tx 0, block 1 rx 0
 ])
 def test_real_captures_classify(capture, driver, prefix, queues, control):
     parsed = parse_interrupts((CAPTURES / "interrupts" / capture).read_text())
@@ -249,3 +251,10 @@ def test_ethtool_channel_captures(capture, expected):
 def test_all_ethtool_captures_are_tested():
     names = sorted(p.name for p in (CAPTURES / "ethtool").glob("*.txt"))
     assert len(names) == 6
+
+
+def test_gve_old_names_from_before_v1_4_map_the_same_way():
+    # GoogleCloudPlatform/compute-virtual-ethernet-linux#30: "eth%d-ntfy-block.0 ... eth%d-ntfy-block.15"
+    entries = [{"irq": 40 + b, "name": "eth%%d-ntfy-block.%d" % b} for b in range(16)]
+    classify_irqs(entries, "gve")
+    assert [(e["queue"], e["direction"]) for e in entries[6:10]] == [(6, "tx"), (7, "tx"), (0, "rx"), (1, "rx")]
