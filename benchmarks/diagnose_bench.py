@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # -*- coding: utf-8 -*-
 # Copyright (c) gpunode.tuning contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
@@ -29,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import resource
 import subprocess
 import sys
@@ -97,7 +95,7 @@ def run_play(inventory, report_dir, interval, forks, sequential):
         "-e", "diagnose_sequential=%s" % sequential,
     ]
     started = time.monotonic()
-    result = subprocess.run(argv, env=env, capture_output=True, text=True)
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     wall = time.monotonic() - started
     if result.returncode != 0:
         raise SystemExit("ansible-playbook failed (%d):\n%s\n%s" % (result.returncode, result.stdout[-3000:], result.stderr[-2000:]))
@@ -112,7 +110,7 @@ def module_cpu(tree, interval, runs):
         "procfs_path": tree.proc, "sysfs_path": tree.sys, "interval": interval}}))
     env = dict(os.environ, PYTHONPATH=str(COLLECTIONS))
     process_cpu = []
-    for _ in range(runs):
+    for dummy in range(runs):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run([sys.executable, str(ROOT / "plugins" / "modules" / "softnet_check.py"), str(args)],
                              env=env, capture_output=True, text=True, check=True).stdout
@@ -123,7 +121,7 @@ def module_cpu(tree, interval, runs):
     from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import run_check
 
     inproc = []
-    for _ in range(runs):
+    for dummy in range(runs):
         started = time.process_time()
         run_check({"interval": interval}, procfs=tree.proc, sysfs=tree.sys)
         inproc.append(time.process_time() - started)
@@ -133,9 +131,9 @@ def module_cpu(tree, interval, runs):
 def fit(points):
     """Least-squares slope and intercept of wall time over host count."""
     n = len(points)
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    var = sum((x - mean_x) ** 2 for x, _ in points)
+    mean_x = sum(x for x, dummy in points) / n
+    mean_y = sum(y for dummy, y in points) / n
+    var = sum((x - mean_x) ** 2 for x, dummy in points)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / var if var else 0.0
     return slope, mean_y - slope * mean_x
 

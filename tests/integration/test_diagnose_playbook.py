@@ -100,7 +100,7 @@ def run_playbook(inventory, report_dir, *extra):
         str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory), str(ROOT / "playbooks" / "diagnose.yml"),
         "-e", "diagnose_interval=1", "-e", "diagnose_report_dir=%s" % report_dir,
     ] + list(extra)
-    return subprocess.run(argv, env=env, cwd=str(report_dir.parent), capture_output=True, text=True, timeout=300)
+    return subprocess.run(argv, env=env, cwd=str(report_dir.parent), capture_output=True, text=True, timeout=300, check=False)
 
 
 class Cells(HTMLParser):
