@@ -126,3 +126,33 @@ def test_affinity_rollback_failure_reaches_fail_json(seed):
     kind, result = run(nic_irq_affinity, roots(seed, cpus="160-170"))
     assert kind is Fail and result["irq"] == 64 and result["rolled_back"] == [63, 62, 61, 60]
     assert seed.all_affinities() == before
+
+
+@pytest.mark.playbook
+def test_real_ansible_run_against_localhost_with_a_generated_tree(tmp_path):
+    """The modules load by FQCN through AnsiballZ: check mode + diff, then apply, then no change."""
+    import os
+    import subprocess
+    import sys
+
+    tree = treegen.build_tree(tmp_path / "tree", treegen.lab_virtio())
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.builtin.minimal", ANSIBLE_LOCALHOST_WARNING="False",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_PYTHON_INTERPRETER=sys.executable,
+               ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
+    ansible = os.path.join(os.path.dirname(sys.executable), "ansible")
+    args = "pci_address=0000:42:01.0 cpus=4-7 allow_irqbalance=true procfs_path=%s sysfs_path=%s" % (tree.proc, tree.sys)
+
+    def adhoc(*extra):
+        proc = subprocess.run([ansible, "localhost", "-m", "gpunode.tuning.nic_irq_affinity", "-a", args] + list(extra),
+                              env=env, capture_output=True, text=True, check=False, cwd=str(tmp_path))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        # minimal callback: "localhost | CHANGED => {...}" (warnings go to stderr)
+        return json.loads(proc.stdout[proc.stdout.index("=>") + 2:])
+
+    before = tree.all_affinities()
+    planned = adhoc("--check", "--diff")
+    assert planned["changed"] and tree.all_affinities() == before
+    assert [i["after"] for i in planned["irqs"] if i["kind"] == "queue"][:4] == ["4", "4", "6", "6"]
+    applied = adhoc()
+    assert applied["changed"] and tree.affinity(41) == "4" and tree.affinity(44) == "6"
+    assert not adhoc()["changed"]
