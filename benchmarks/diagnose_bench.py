@@ -186,14 +186,17 @@ def main(argv=None):
         % (platform.platform(), os.cpu_count(), platform.python_version(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            options.interval, options.forks),
         "",
-        "| hosts | async wall (s) | sequential wall (s) | sequential / async | load avg at start | verdicts (async) |",
-        "|---:|---:|---:|---:|---:|---|",
+        "| hosts | async wall (s) | sequential wall (s) | sequential / async | load avg at start | verdicts async | "
+        "verdicts sequential |",
+        "|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         ratio = "%.1fx" % (r["sequential"] / r["async"]) if r["sequential"] else "-"
         verdicts = ", ".join("%s %d" % (k, v) for k, v in sorted(r["counts_async"].items()) if v)
-        lines.append("| %d | %.1f | %s | %s | %.1f | %s |" % (
-            r["hosts"], r["async"], "%.1f" % r["sequential"] if r["sequential"] else "-", ratio, r["load"], verdicts))
+        verdicts_seq = ", ".join("%s %d" % (k, v) for k, v in sorted((r["counts_seq"] or {}).items()) if v) or "-"
+        lines.append("| %d | %.1f | %s | %s | %.1f | %s | %s |" % (
+            r["hosts"], r["async"], "%.1f" % r["sequential"] if r["sequential"] else "-", ratio, r["load"], verdicts,
+            verdicts_seq))
     lines += [
         "",
         "Growth (least squares over the rows): async %.3f s per host + %.1f s; sequential %s."
