@@ -8,7 +8,8 @@ Pure functions over plain data, so they are unit-tested without Ansible:
 
 * ``diagnose_collect(results, generated_at)`` turns ``{host: {"softnet": <softnet_check result>,
   "nic": <nic_irq_facts result>}}`` into one report dict, hosts worst first.
-* ``diagnose_markdown(report)``, ``diagnose_html(report)`` and ``diagnose_summary(report)`` render it.
+* ``diagnose_markdown(report)``, ``diagnose_html(report)``, ``diagnose_summary(report)`` and
+  ``diagnose_lines(report)`` render it.
 """
 
 from __future__ import annotations
@@ -103,7 +104,20 @@ def diagnose_summary(report):
     """One line: host counts per verdict."""
     counts = report["counts"]
     parts = ["%d %s" % (counts.get(verdict, 0), VERDICT_TEXT[verdict]) for verdict in VERDICT_ORDER]
-    return "%d hosts: %s" % (report["host_count"], ", ".join(parts))
+    return "%d host%s: %s" % (report["host_count"], "" if report["host_count"] == 1 else "s", ", ".join(parts))
+
+
+def diagnose_lines(report, limit=10):
+    """The play's closing lines: host counts per verdict, then up to ``limit`` hosts (worst first) with their
+    verdict and reasons, then how many more there are."""
+    lines = [diagnose_summary(report)]
+    for entry in report["hosts"][: int(limit)]:
+        lines.append("%s: %s: %s" % (entry["host"], VERDICT_TEXT.get(entry["verdict"], entry["verdict"]),
+                                     "; ".join(entry["reasons"])))
+    more = len(report["hosts"]) - int(limit)
+    if more > 0:
+        lines.append("... and %d more host%s in the report" % (more, "" if more == 1 else "s"))
+    return lines
 
 
 def _md_escape(text):
@@ -322,4 +336,5 @@ class FilterModule(object):
             "diagnose_markdown": _wrap(diagnose_markdown),
             "diagnose_html": _wrap(diagnose_html),
             "diagnose_summary": _wrap(diagnose_summary),
+            "diagnose_lines": _wrap(diagnose_lines),
         }

@@ -145,7 +145,8 @@ def test_diagnose_gives_each_host_its_verdict_and_writes_the_report(fleet, seque
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "6 hosts: 2 contention, 0 check failed, 2 inconclusive, 2 no contention" in result.stdout
     assert "report: %s/cluster.md" % report_dir in result.stdout
-    assert "to look at: gpu-" in result.stdout
+    assert "gpu-a: contention: time_squeeze on IRQ CPUs 0-3" in result.stdout
+    assert "gpu-e: inconclusive: no NIC queue IRQ CPUs known" in result.stdout
 
     report = json.loads((report_dir / "cluster.json").read_text())
     verdicts = dict((host["host"], host["verdict"]) for host in report["hosts"])

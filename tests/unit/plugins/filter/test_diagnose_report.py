@@ -16,6 +16,7 @@ from ansible_collections.gpunode.tuning.plugins.filter.diagnose_report import (
     FilterModule,
     diagnose_collect,
     diagnose_html,
+    diagnose_lines,
     diagnose_markdown,
     diagnose_summary,
 )
@@ -56,6 +57,10 @@ def test_hosts_are_sorted_worst_first():
     assert [h["host"] for h in report["hosts"]] == ["bad-big", "bad-small", "down", "maybe", "a<b>&c", "ok-1"]
     assert report["counts"] == {"contention": 2, "failed": 1, "inconclusive": 1, "no_contention": 2}
     assert report["hosts"][2]["reasons"] == ["interface 'ens9' does not exist"]
+
+
+def test_summary_of_one_host_is_singular():
+    assert diagnose_summary(diagnose_collect({"n1": RESULTS["ok-1"]})).startswith("1 host: 0 contention")
 
 
 def test_summary_counts_every_verdict():
@@ -172,8 +177,20 @@ def test_failed_host_has_no_strip_but_its_error():
 
 def test_filters_are_registered_and_reject_malformed_input():
     filters = FilterModule().filters()
-    assert set(filters) == {"diagnose_collect", "diagnose_markdown", "diagnose_html", "diagnose_summary"}
+    assert set(filters) == {"diagnose_collect", "diagnose_markdown", "diagnose_html", "diagnose_summary",
+                            "diagnose_lines"}
     with pytest.raises(AnsibleFilterError):
         filters["diagnose_collect"](["not", "a", "dict"])
     with pytest.raises(AnsibleFilterError):
         filters["diagnose_markdown"]({"hosts": []})
+
+
+def test_closing_lines_list_the_worst_hosts_with_reasons_and_count_the_rest():
+    lines = diagnose_lines(diagnose_collect(RESULTS), 2)
+    assert lines == [
+        "6 hosts: 2 contention, 1 check failed, 1 inconclusive, 2 no contention",
+        "bad-big: contention: contention because of numbers",
+        "bad-small: contention: contention because of numbers",
+        "... and 4 more hosts in the report",
+    ]
+    assert len(diagnose_lines(diagnose_collect(RESULTS))) == 7
