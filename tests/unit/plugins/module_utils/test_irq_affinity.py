@@ -104,7 +104,7 @@ def test_virtio_input_and_output_of_a_queue_share_one_cpu(lab):
 def test_same_inputs_same_plan(gpu):
     nic, topo = state(gpu)
     first = plan_affinity(nic, topo, count=16, exclude_cpus="0-59").as_list()
-    assert all(plan_affinity(nic, topo, count=16, exclude_cpus="0-59").as_list() == first for _ in range(3))
+    assert all(plan_affinity(nic, topo, count=16, exclude_cpus="0-59").as_list() == first for dummy in range(3))
 
 
 @pytest.mark.parametrize("kwargs,message,value", [
