@@ -32,7 +32,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import (
 from ansible_collections.gpunode.tuning.plugins.module_utils._interrupts import parse_interrupts, per_cpu_counts
 
 ARPHRD_INFINIBAND = 32
-PCI_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+PCI_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 PCI_SHORT_RE = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5,19}$")
 SELECTOR_KEYS = ("interface", "pci_address", "mac", "cidr")

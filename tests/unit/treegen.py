@@ -454,7 +454,7 @@ def build_tree(root, spec):
         _link(base, os.path.join(tree.sys, "class/net", virt["name"]))
     for nic in spec.get("nics", []):
         pci = nic["pci"]
-        domain_bus = pci[:7]
+        domain_bus = pci.rsplit(":", 1)[0]
         pci_dir = os.path.join(tree.sys, "devices/pci%s" % domain_bus, pci)
         node = nic.get("numa_node", -1)
         _write(os.path.join(pci_dir, "numa_node"), "%d\n" % node)

@@ -132,6 +132,15 @@ def test_virtio_child_resolves_to_pci_function_with_numa_and_local_cpus(lab):
     assert [i["name"] for i in nic["irqs"] if i["kind"] == "control"] == ["virtio2-config"]
 
 
+def test_pci_domains_wider_than_four_digits(tmp_path):
+    # Intel VMD puts devices in domains such as 10000
+    spec = treegen.lab_virtio()
+    spec["nics"][1]["pci"] = "10000:42:01.0"
+    tree = treegen.build_tree(tmp_path, spec)
+    nic = read_nic({"pci_address": "10000:42:01.0"}, procfs=tree.proc, sysfs=tree.sys)
+    assert (nic["interface"], nic["pci_address"]) == ("enp66s1", "10000:42:01.0")
+
+
 def test_seed_vm_numa_minus_one_becomes_none_with_note(seed):
     nic = read_nic({}, procfs=seed.proc, sysfs=seed.sys, run=seed.run)
     assert nic["numa_node"] is None
