@@ -191,7 +191,7 @@ def test_idle_numbers_agree_with_the_guests_own_proc_and_mpstat():
 
 def _pin_queue_irqs(cpu):
     for irq in queue_irqs():
-        ssh("echo %d > /proc/irq/%d/smp_affinity_list" % (cpu, irq))
+        ssh("echo %d > /proc/irq/%d/smp_affinity_list" % (cpu, int(irq)))
 
 
 class Flood(object):
