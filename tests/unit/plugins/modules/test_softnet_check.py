@@ -91,11 +91,12 @@ def test_seed_pattern_is_contention_with_irq_cpus_from_effective_affinity(host, 
     assert result["irq_cpus"] == IRQ_CPUS and result["irq_cpus_source"] == "effective_affinity"
     assert result["busy_irq_cpus"] == IRQ_CPUS
     by_cpu = dict((row["cpu"], row) for row in result["cpus"])
-    # 150 per 10 s per IRQ CPU in the profile; the writer's clock and the module's differ by scheduling only
-    assert 100 <= by_cpu[0]["squeeze_per_10s"] <= 200
+    # 150 per 10 s per IRQ CPU in the profile; the writer's write instants and the module's read instants differ
+    # by scheduling jitter (tens of ms in a 0.5 s window, more on a loaded machine)
+    assert 75 <= by_cpu[0]["squeeze_per_10s"] <= 300
     assert 50 <= by_cpu[0]["usr"] <= 70 and 5 <= by_cpu[0]["soft"] <= 20
     assert by_cpu[5]["time_squeeze"] == 0 and by_cpu[5]["irq_cpu"] is False
-    assert 2.5 <= result["link"]["utilisation_pct"] <= 4.5
+    assert 1.75 <= result["link"]["utilisation_pct"] <= 7
     assert result["softnet"]["width"] == 13
 
 
