@@ -566,22 +566,28 @@ def wait_for_ssh(name: str, inst: dict, deadline: float) -> None:
         if not pid_alive(inst["pid"]):
             raise LabError(f"guest {name}: QEMU exited during boot\n{console_tail(name)}")
         if ssh_banner(inst["port"]):
-            res = subprocess.run(
-                [*ssh_base(inst["port"], key), "true"], capture_output=True, text=True, timeout=60,
-            )
-            if res.returncode == 0:
-                break
+            try:
+                res = subprocess.run(
+                    [*ssh_base(inst["port"], key), "true"], capture_output=True, text=True, timeout=60,
+                )
+                if res.returncode == 0:
+                    break
+            except subprocess.TimeoutExpired:
+                pass
         if time.monotonic() > deadline:
             raise LabError(f"guest {name}: no SSH on 127.0.0.1:{inst['port']} within the boot timeout\n{console_tail(name)}")
         time.sleep(2)
     # Let the boot finish (irqbalance, networking) so tests see a settled guest.
     remaining = max(int(deadline - time.monotonic()), 10)
-    res = subprocess.run(
-        [*ssh_base(inst["port"], key),
-         f"timeout {remaining} systemctl is-system-running --wait; systemctl --failed --no-legend"],
-        capture_output=True, text=True,
-    )
-    state = (res.stdout.splitlines() or ["unknown"])[0].strip()
+    try:
+        res = subprocess.run(
+            [*ssh_base(inst["port"], key),
+             f"timeout {remaining} systemctl is-system-running --wait; systemctl --failed --no-legend"],
+            capture_output=True, text=True, timeout=remaining + 60,
+        )
+        state = (res.stdout.splitlines() or ["unknown"])[0].strip()
+    except subprocess.TimeoutExpired:
+        state = "timeout"
     if state not in ("running", "degraded"):
         raise LabError(f"guest {name}: boot did not finish (state {state!r})\n{console_tail(name)}")
     if state == "degraded":
