@@ -437,8 +437,8 @@ def current_image() -> Path:
 # --------------------------------------------------------------------------
 
 def tap_name(name: str) -> str:
-    """Short, unique per instance name, within IFNAMSIZ (15)."""
-    return TAP_PREFIX + hashlib.sha256(name.encode()).hexdigest()[:8]
+    """Short (IFNAMSIZ 15), unique per instance name and state dir."""
+    return TAP_PREFIX + hashlib.sha256(f"{STATE}/{name}".encode()).hexdigest()[:8]
 
 
 def mac(name: str, nic: int) -> str:
@@ -731,8 +731,12 @@ def down(name: str, keep_logs: bool = False) -> None:
     """Stop a guest, remove its tap and overlay. Idempotent."""
     d = inst_dir(name)
     marker = str(d / "qemu.pid")       # QEMU's own argv names its pidfile
+    inst = None
+    with contextlib.suppress(OSError, ValueError):
+        inst = load_instance(name)
     kill_pid(read_pid(d) or 0, marker)
-    remove_tap(tap_name(name))
+    for tap in {tap_name(name), (inst or {}).get("tap") or tap_name(name)}:
+        remove_tap(tap)
     if not d.exists():
         return
     if keep_logs:
