@@ -176,9 +176,11 @@ def test_idle_numbers_agree_with_the_guests_own_proc_and_mpstat():
     assert result["verdict"] == "no_contention", result["reasons"]
     rows = by_cpu(result)
     assert sorted(rows) == list(range(8))
+    assert result["totals"]["time_squeeze_per_10s"] < 10
     for cpu, probe in results["reader"].items():
         cpu = int(cpu)
-        assert rows[cpu]["time_squeeze"] == 0 == probe["time_squeeze"]
+        # an idle TCG guest still squeezes once in a while; the two windows are not the same instants
+        assert abs(rows[cpu]["time_squeeze"] - probe["time_squeeze"]) <= 2, (cpu, rows[cpu], probe)
         # USER_HZ ticks in the interval: mpstat's per-CPU interval, same order as the reader's
         reader_ticks = sum(probe["stat"][i] for i in (0, 1, 2, 3, 4, 5, 6, 7))
         assert abs(rows[cpu]["ticks"] - reader_ticks) <= 0.15 * reader_ticks + 20, (cpu, rows[cpu], probe)
@@ -239,17 +241,23 @@ def test_flood_on_a_loaded_irq_cpu_gives_real_squeezes_that_agree_with_the_guest
     try:
         with Flood(INTERVAL * 3 + 60):
             time.sleep(5)  # effective affinity follows on the next interrupt; let the flood start
+            # Input IRQs move to CPU 4 with the flood; output IRQs that did not fire since keep showing their old
+            # CPU in effective_affinity_list (seed 000, step 3 note), and the module must report exactly that.
             landed = set()
             for irq in queue_irqs().values():
                 landed |= cpulist(irq["effective"])
-            assert landed == {4}, landed
+            assert 4 in landed, landed
             results = window(interface=IFACE, link_speed_mbps=10000)
+            landed_after = set()
+            for irq in queue_irqs().values():
+                landed_after |= cpulist(irq["effective"])
     finally:
         ssh("pkill stress-ng", check=False)
     result = results["module"]
     rows = by_cpu(result)
     probe = dict((int(k), v) for k, v in results["reader"].items())
-    assert result["irq_cpus"] == [4] and result["irq_cpus_source"] == "effective_affinity"
+    assert 4 in result["irq_cpus"] and result["irq_cpus_source"] == "effective_affinity"
+    assert set(result["irq_cpus"]) <= landed | landed_after, (result["irq_cpus"], landed, landed_after)
     assert rows[4]["irq_cpu"] is True
     # real squeezes, on the CPU the queue IRQs land on, seen by both the module and the guest's own /proc
     assert rows[4]["time_squeeze"] > 0 and probe[4]["time_squeeze"] > 0, (rows[4], probe[4], result["reasons"])
