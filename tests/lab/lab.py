@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """gpunode lab: real-kernel QEMU guests shaped like GPU training nodes.
 
 Stdlib only. Run as root. Used by the Molecule scenarios under molecule/ and
@@ -148,7 +147,7 @@ def log(msg: str) -> None:
 
 def run(argv, check=True, capture=False, **kw):
     """Run a command; on failure raise LabError with its output."""
-    res = subprocess.run(argv, text=True, capture_output=capture, **kw)
+    res = subprocess.run(argv, text=True, capture_output=capture, check=False, **kw)
     if check and res.returncode != 0:
         detail = ""
         if capture:
@@ -208,7 +207,7 @@ def debian_mirror() -> str:
             for line in stanza.splitlines():
                 if line.startswith("#") or ":" not in line:
                     continue
-                key, _, value = line.partition(":")
+                key, _sep, value = line.partition(":")
                 fields[key.strip().lower()] = value.strip()
             if fields.get("enabled", "yes").lower() == "no":
                 continue
@@ -341,7 +340,7 @@ def _build_into(out: Path, key: str, inputs: dict) -> None:
         with open(buildlog, "a") as fh:
             fh.write(f"\n$ {shlex.join(map(str, argv))}\n")
             fh.flush()
-            res = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, text=True, **kw)
+            res = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, text=True, check=False, **kw)
         if res.returncode != 0:
             tail = "".join(buildlog.read_text().splitlines(keepends=True)[-40:])
             raise LabError(f"build step failed (rc={res.returncode}): {shlex.join(map(str, argv))}\n{tail}")
@@ -425,7 +424,7 @@ def prune_images(keep: Path) -> None:
 
 def current_image() -> Path:
     """The cached image for the current inputs, building it if needed."""
-    key, _ = cache_key()
+    key = cache_key()[0]
     final = image_dir(key)
     if (final / "manifest.json").exists():
         return final
@@ -568,7 +567,7 @@ def wait_for_ssh(name: str, inst: dict, deadline: float) -> None:
         if ssh_banner(inst["port"]):
             try:
                 res = subprocess.run(
-                    [*ssh_base(inst["port"], key), "true"], capture_output=True, text=True, timeout=60,
+                    [*ssh_base(inst["port"], key), "true"], capture_output=True, text=True, timeout=60, check=False,
                 )
                 if res.returncode == 0:
                     break
@@ -583,7 +582,7 @@ def wait_for_ssh(name: str, inst: dict, deadline: float) -> None:
         res = subprocess.run(
             [*ssh_base(inst["port"], key),
              f"timeout {remaining} systemctl is-system-running --wait; systemctl --failed --no-legend"],
-            capture_output=True, text=True, timeout=remaining + 60,
+            capture_output=True, text=True, timeout=remaining + 60, check=False,
         )
         state = (res.stdout.splitlines() or ["unknown"])[0].strip()
     except subprocess.TimeoutExpired:
@@ -603,7 +602,7 @@ def start_qemu(name: str, shape: str, port: int, image: Path, accel: str, hostna
     run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(base), str(d / "disk.qcow2")], capture=True)
     argv = qemu_argv(name, shape, port, image, accel, hostname)
     (d / "qemu.argv").write_text(shlex.join(argv) + "\n")
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     if res.returncode != 0:
         raise LabError(f"guest {name}: QEMU did not start (rc={res.returncode}):\n{res.stderr}{res.stdout}")
     pid = read_pid(d)
@@ -715,12 +714,12 @@ def kill_pid(pid: int, marker: str) -> None:
     if not pid_alive(pid, marker):
         return
     os.kill(pid, signal.SIGTERM)
-    for _ in range(100):
+    for _attempt in range(100):
         if not pid_alive(pid, marker):
             return
         time.sleep(0.1)
     os.kill(pid, signal.SIGKILL)
-    for _ in range(50):
+    for _attempt in range(50):
         if not pid_alive(pid, marker):
             return
         time.sleep(0.1)
@@ -735,7 +734,7 @@ def down(name: str, keep_logs: bool = False) -> None:
     with contextlib.suppress(OSError, ValueError):
         inst = load_instance(name)
     kill_pid(read_pid(d) or 0, marker)
-    for tap in {tap_name(name), (inst or {}).get("tap") or tap_name(name)}:
+    for tap in sorted({tap_name(name), (inst or {}).get("tap") or tap_name(name)}):
         remove_tap(tap)
     if not d.exists():
         return
@@ -877,7 +876,7 @@ def cmd_shapes(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="lab.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="lab.py", description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="build or reuse the cached guest image")

@@ -71,7 +71,7 @@ def lab(tmp_path):
 
 def _run(entry, *args):
     return subprocess.run([sys.executable, "-I", str(entry)] + [str(a) for a in args],
-                          capture_output=True, text=True, cwd="/", timeout=60)
+                          capture_output=True, text=True, cwd="/", timeout=60, check=False)
 
 
 def test_entry_point_pins_queue_pairs_round_robin_on_numa_node_1(installed, lab):
