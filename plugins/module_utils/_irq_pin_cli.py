@@ -9,7 +9,7 @@ module_utils only). The nic_irq_pinning role installs it and calls it from a
 systemd unit and a udev rule::
 
     python3 -m ansible_collections.gpunode.tuning.plugins.module_utils._irq_pin_cli \\
-        [--check] [--wait SECONDS] [/etc/gpunode/nic-irq-affinity.json]
+        [--check] [--quiet] [--wait SECONDS] [/etc/gpunode/nic-irq-affinity.json]
 
 The JSON file holds one desired state (the ``nic_irq_affinity`` options:
 interface/pci_address/mac/cidr, cpus or count, exclude_cpus, numa_local,
@@ -17,7 +17,9 @@ whole_cores, allow_irqbalance, strict) or a list of them. Optional
 ``procfs_path``/``sysfs_path`` keys point at another tree (tests).
 
 Prints one line per IRQ for the journal and exits 0 on success, 1 on any
-error, 2 on bad usage. When the NIC is not there yet (boot, driver rebind) it
+error, 2 on bad usage. With ``--quiet`` (the periodic re-check) it prints
+nothing for a NIC whose pins are already in place, and everything for one it
+had to change or could not handle. When the NIC is not there yet (boot, driver rebind) it
 retries for at most ``--wait`` seconds (default 5, capped at 30).
 """
 
@@ -65,12 +67,15 @@ def main(argv=None, run=None, out=None, sleep=time.sleep, clock=time.monotonic):
     args = list(sys.argv[1:] if argv is None else argv)
     out = out or sys.stdout
     check = False
+    quiet = False
     wait = 5.0
     path = DEFAULT_STATE
     while args:
         arg = args.pop(0)
         if arg == "--check":
             check = True
+        elif arg == "--quiet":
+            quiet = True
         elif arg == "--wait" and args:
             try:
                 wait = min(30.0, max(0.0, float(args.pop(0))))
@@ -78,7 +83,7 @@ def main(argv=None, run=None, out=None, sleep=time.sleep, clock=time.monotonic):
                 out.write("usage: --wait takes seconds\n")
                 return 2
         elif arg.startswith("-"):
-            out.write("usage: _irq_pin_cli [--check] [--wait SECONDS] [STATE.json]\n")
+            out.write("usage: _irq_pin_cli [--check] [--quiet] [--wait SECONDS] [STATE.json]\n")
             return 2
         else:
             path = arg
@@ -114,8 +119,9 @@ def main(argv=None, run=None, out=None, sleep=time.sleep, clock=time.monotonic):
                 out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
                 status = 1
                 break
-            for line in _summary(result, check):
-                out.write(line + "\n")
+            if not (quiet and not result["changed"]):
+                for line in _summary(result, check):
+                    out.write(line + "\n")
             break
     return status
 
