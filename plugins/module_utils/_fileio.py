@@ -100,3 +100,14 @@ def module_runner(module, commands=("ethtool", "ip", "systemctl")):
         return rc, out, err
 
     return run
+
+
+def runner_for_roots(module, procfs, sysfs, commands=("ethtool", "ip", "systemctl")):
+    """``module_runner`` when the roots are this host's ``/proc`` and ``/sys``, else None.
+
+    Commands describe the live host, so on a captured or generated tree they
+    must not run: the readers then use the tree's files only.
+    """
+    if os.path.normpath(procfs) == "/proc" and os.path.normpath(sysfs) == "/sys":
+        return module_runner(module, commands)
+    return None

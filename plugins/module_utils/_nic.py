@@ -38,6 +38,20 @@ MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5,19}$")
 SELECTOR_KEYS = ("interface", "pci_address", "mac", "cidr")
 
 
+# The NIC selector and filesystem roots every module takes; documented once in
+# the gpunode.tuning.nic_selector doc fragment. Plain data: no Ansible import.
+SELECTOR_KEYS = ("interface", "pci_address", "mac", "cidr")
+SELECTOR_ARGUMENT_SPEC = dict(
+    interface=dict(type="str"),
+    pci_address=dict(type="str"),
+    mac=dict(type="str"),
+    cidr=dict(type="str"),
+    procfs_path=dict(type="path", default="/proc"),
+    sysfs_path=dict(type="path", default="/sys"),
+)
+SELECTOR_MUTUALLY_EXCLUSIVE = [SELECTOR_KEYS]
+
+
 class NicError(Exception):
     """A NIC that cannot be found or selected. ``details`` holds the value and candidates."""
 

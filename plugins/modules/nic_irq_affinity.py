@@ -40,24 +40,9 @@ attributes:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: A table of IRQ, name, queue and affinity before and after.
+extends_documentation_fragment:
+  - gpunode.tuning.nic_selector
 options:
-  interface:
-    description:
-      - Interface name. At most one of O(interface), O(pci_address), O(mac) and O(cidr); with none, the
-        interface of the default route.
-    type: str
-  pci_address:
-    description:
-      - PCI address of the NIC function, C(0000:42:01.0) or C(42:01.0). The most stable way to name the NIC.
-    type: str
-  mac:
-    description:
-      - MAC address of the interface.
-    type: str
-  cidr:
-    description:
-      - A network; the one physical interface holding an address in it is used.
-    type: str
   cpus:
     description:
       - Explicit target CPUs, a CPU list string (C(160-170)) or a list of integers.
@@ -97,17 +82,6 @@ options:
         are restored first.
     type: bool
     default: false
-  procfs_path:
-    description:
-      - Root of procfs. Point it and O(sysfs_path) at a captured or generated tree to plan (or write) there
-        instead of this host; commands are then not run.
-    type: path
-    default: /proc
-  sysfs_path:
-    description:
-      - Root of sysfs.
-    type: path
-    default: /sys
 notes:
   - Pins set through C(/proc/irq) do not survive a reboot, a queue count change (C(ethtool -L)), a link down/up on
     some drivers, or a driver rebind. Use the C(gpunode.tuning.nic_irq_pinning) role to reapply them.
@@ -222,19 +196,14 @@ irqbalance:
       type: str
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import AffinityError, run_desired_state
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import NicError
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
 
 ARGUMENT_SPEC = dict(
-    interface=dict(type="str"),
-    pci_address=dict(type="str"),
-    mac=dict(type="str"),
-    cidr=dict(type="str"),
+    SELECTOR_ARGUMENT_SPEC,
     cpus=dict(type="raw"),
     count=dict(type="int"),
     exclude_cpus=dict(type="raw"),
@@ -242,8 +211,6 @@ ARGUMENT_SPEC = dict(
     whole_cores=dict(type="bool", default=True),
     allow_irqbalance=dict(type="bool", default=False),
     strict=dict(type="bool", default=False),
-    procfs_path=dict(type="path", default="/proc"),
-    sysfs_path=dict(type="path", default="/sys"),
 )
 DESIRED = ("interface", "pci_address", "mac", "cidr", "cpus", "count", "exclude_cpus", "numa_local", "whole_cores",
            "allow_irqbalance", "strict")
@@ -252,16 +219,15 @@ DESIRED = ("interface", "pci_address", "mac", "cidr", "cpus", "count", "exclude_
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
-        mutually_exclusive=[("interface", "pci_address", "mac", "cidr"), ("cpus", "count")],
+        mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE + [("cpus", "count")],
         supports_check_mode=True,
     )
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
-    live = os.path.normpath(procfs) == "/proc" and os.path.normpath(sysfs) == "/sys"
     desired = dict((key, params[key]) for key in DESIRED)
     try:
         result = run_desired_state(desired, check_mode=module.check_mode, procfs=procfs, sysfs=sysfs,
-                                   run=module_runner(module) if live else None)
+                                   run=runner_for_roots(module, procfs, sysfs))
     except (AffinityError, NicError) as exc:
         module.fail_json(msg=str(exc), changed=False, **exc.details)
     for warning in result.pop("warnings"):

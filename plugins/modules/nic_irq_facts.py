@@ -39,40 +39,11 @@ attributes:
     description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
     details: Sets C(ansible_facts.nic_irq).
-options:
-  interface:
-    description:
-      - Interface name, for example C(ens7).
-      - At most one of O(interface), O(pci_address), O(mac) and O(cidr). With none, the interface of the
-        lowest-metric IPv4 default route (else IPv6) is used.
-    type: str
-  pci_address:
-    description:
-      - PCI address of the NIC function, C(0000:42:01.0) or C(42:01.0).
-    type: str
-  mac:
-    description:
-      - MAC address of the interface.
-    type: str
-  cidr:
-    description:
-      - A network such as C(10.20.0.0/16) or C(fd00::/64); the one physical interface holding an address in it
-        is used. Addresses come from C(ip -j addr), or from C(/proc/net/fib_trie) and C(/proc/net/if_inet6)
-        when C(ip) is missing or a captured tree is read.
-    type: str
-  procfs_path:
-    description:
-      - Root of procfs. Point it and O(sysfs_path) at a captured tree to read that instead of this host; commands
-        (C(ethtool), C(ip), C(systemctl)) are then not run, and irqbalance is read from the tree's parent
-        directory (its C(etc/), C(lib/systemd/), C(proc/*/comm)).
-    type: path
-    default: /proc
-  sysfs_path:
-    description:
-      - Root of sysfs.
-    type: path
-    default: /sys
+extends_documentation_fragment:
+  - gpunode.tuning.nic_selector
 notes:
+  - On a captured tree (O(procfs_path)/O(sysfs_path) not the live roots) irqbalance is read from the tree's
+    parent directory (its C(etc/), C(lib/systemd/), C(proc/*/comm)).
   - Runs C(ethtool -l), C(ip -j addr) and C(systemctl is-active/is-enabled irqbalance.service) only when they
     exist and only against the live system; without them the same facts come from procfs and sysfs.
 seealso:
@@ -318,37 +289,27 @@ ansible_facts:
               elements: str
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import read_irqbalance
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import NicError, read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_KEYS, SELECTOR_MUTUALLY_EXCLUSIVE, NicError, read_nic
 from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology
 
-ARGUMENT_SPEC = dict(
-    interface=dict(type="str"),
-    pci_address=dict(type="str"),
-    mac=dict(type="str"),
-    cidr=dict(type="str"),
-    procfs_path=dict(type="path", default="/proc"),
-    sysfs_path=dict(type="path", default="/sys"),
-)
+ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC)
 
 
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
-        mutually_exclusive=[("interface", "pci_address", "mac", "cidr")],
+        mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
-    live = os.path.normpath(procfs) == "/proc" and os.path.normpath(sysfs) == "/sys"
-    run = module_runner(module) if live else None
-    selector = dict((key, params[key]) for key in ("interface", "pci_address", "mac", "cidr"))
+    run = runner_for_roots(module, procfs, sysfs)
+    selector = dict((key, params[key]) for key in SELECTOR_KEYS)
     try:
         nic = read_nic(selector, procfs=procfs, sysfs=sysfs, run=run)
     except NicError as exc:

@@ -38,25 +38,9 @@ attributes:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
     details: Nothing is changed, so there is nothing to diff.
+extends_documentation_fragment:
+  - gpunode.tuning.nic_selector
 options:
-  interface:
-    description:
-      - Network interface to check, for example C(ens7).
-      - At most one of O(interface), O(pci_address), O(mac) and O(cidr). With none, the interface of the default
-        route is used.
-    type: str
-  pci_address:
-    description:
-      - PCI address of the NIC function, for example C(0000:42:01.0). The interface is rediscovered from it.
-    type: str
-  mac:
-    description:
-      - MAC address of the interface.
-    type: str
-  cidr:
-    description:
-      - A network such as C(10.20.0.0/16); the one physical interface with an address in it is used.
-    type: str
   irq_cpus:
     description:
       - CPUs that handle the NIC's interrupts, as a CPU list (C(0-10)) or a list of integers.
@@ -106,16 +90,6 @@ options:
         still returned.
     type: bool
     default: false
-  procfs_path:
-    description:
-      - Root of the proc filesystem to read. For tests and captured trees.
-    type: path
-    default: /proc
-  sysfs_path:
-    description:
-      - Root of the sys filesystem to read. For tests and captured trees.
-    type: path
-    default: /sys
 notes:
   - Take the measurement while the training job runs and moves storage traffic; on an idle host every check
     correctly reports nothing wrong.
@@ -461,19 +435,14 @@ notes:
   elements: str
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import module_runner
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import NicError
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import SoftnetError, run_check
 
 ARGUMENT_SPEC = dict(
-    interface=dict(type="str"),
-    pci_address=dict(type="str"),
-    mac=dict(type="str"),
-    cidr=dict(type="str"),
+    SELECTOR_ARGUMENT_SPEC,
     irq_cpus=dict(type="raw"),
     interval=dict(type="float", default=10.0),
     squeeze_threshold=dict(type="float", default=100.0),
@@ -483,23 +452,19 @@ ARGUMENT_SPEC = dict(
     max_link_util_pct=dict(type="float", default=10.0),
     link_speed_mbps=dict(type="int"),
     fail_on_contention=dict(type="bool", default=False),
-    procfs_path=dict(type="path", default="/proc"),
-    sysfs_path=dict(type="path", default="/sys"),
 )
 
 
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
-        mutually_exclusive=[("interface", "pci_address", "mac", "cidr")],
+        mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
-    # As nic_irq_facts: commands (ethtool, ip) describe this host, so they run only when the roots are the live ones.
-    live = os.path.normpath(procfs) == "/proc" and os.path.normpath(sysfs) == "/sys"
     try:
-        result = run_check(params, procfs=procfs, sysfs=sysfs, run=module_runner(module) if live else None)
+        result = run_check(params, procfs=procfs, sysfs=sysfs, run=runner_for_roots(module, procfs, sysfs))
     except (SoftnetError, NicError) as exc:
         module.fail_json(msg=str(exc), changed=False, **getattr(exc, "details", {}))
     if params["fail_on_contention"] and result["verdict"] == "contention":

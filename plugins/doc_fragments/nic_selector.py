@@ -1,0 +1,49 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+
+class ModuleDocFragment(object):
+    """How every module of the collection selects the NIC and which proc/sys tree it reads."""
+
+    # Options: the NIC selector and the filesystem roots. Their argument spec is
+    # _nic.SELECTOR_ARGUMENT_SPEC; keep the two in step (validate-modules checks it).
+    DOCUMENTATION = r"""
+options:
+  interface:
+    description:
+      - Interface name, for example C(ens7). Names are not stable across boots; prefer O(pci_address).
+      - At most one of O(interface), O(pci_address), O(mac) and O(cidr). With none, the interface of the
+        lowest-metric IPv4 default route (else IPv6) is used.
+      - An InfiniBand interface (type 32) or a virtual one (no C(device) link) is never selected.
+    type: str
+  pci_address:
+    description:
+      - PCI address of the NIC function, C(0000:42:01.0) or C(42:01.0). The most stable way to name the NIC.
+    type: str
+  mac:
+    description:
+      - MAC address of the interface.
+    type: str
+  cidr:
+    description:
+      - A network such as C(10.20.0.0/16) or C(fd00::/64); the one physical interface holding an address in it
+        is used. Addresses come from C(ip -j addr), or from C(/proc/net/fib_trie) and C(/proc/net/if_inet6)
+        when C(ip) is missing or a captured tree is read.
+    type: str
+  procfs_path:
+    description:
+      - Root of procfs. Point it and O(sysfs_path) at a captured or generated tree to read (or, for modules that
+        write, to write) there instead of this host. Commands (C(ethtool), C(ip), C(systemctl)) then do not run,
+        because they would describe this host, not the tree.
+    type: path
+    default: /proc
+  sysfs_path:
+    description:
+      - Root of sysfs. See O(procfs_path).
+    type: path
+    default: /sys
+"""
