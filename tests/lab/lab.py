@@ -504,7 +504,8 @@ def console_tail(name: str, lines: int = 60) -> str:
         text = path.read_text(errors="replace")
     except OSError:
         return f"(no console log at {path})"
-    tail = text.splitlines()[-lines:]
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).replace("\r", "")
+    tail = [line for line in text.splitlines() if line.strip()][-lines:]
     return f"---- last {len(tail)} lines of {path} ----\n" + "\n".join(tail) + "\n---- end of console log ----"
 
 
@@ -676,6 +677,7 @@ def up(name: str, shape: str, port: int | None, accel: str | None = None,
     if not port_free(port):
         raise LabError(f"127.0.0.1:{port} is in use; pick another --port")
     STATE.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (STATE / "failed" / f"{name}.console.log").unlink(missing_ok=True)
     d.mkdir(mode=0o700)
     t0 = time.monotonic()
     deadline = t0 + (timeout or BOOT_TIMEOUT)
