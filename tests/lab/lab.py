@@ -3,12 +3,12 @@
 Stdlib only. Run as root. Used by the Molecule scenarios under molecule/ and
 by humans:
 
-    tests/lab/lab.py build                         # build or reuse the cached image
-    tests/lab/lab.py up --name g1 --shape gpu-node --port 2222
-    tests/lab/lab.py ssh g1 -- cat /proc/interrupts
-    tests/lab/lab.py info g1                       # JSON: port, key, tap, console log
-    tests/lab/lab.py list
-    tests/lab/lab.py down --name g1                # or: down --all
+    python3 tests/lab/lab.py build                         # build or reuse the cached image
+    python3 tests/lab/lab.py up --name g1 --shape gpu-node --port 2222
+    python3 tests/lab/lab.py ssh g1 -- cat /proc/interrupts
+    python3 tests/lab/lab.py info g1                       # JSON: port, key, tap, console log
+    python3 tests/lab/lab.py list
+    python3 tests/lab/lab.py down --name g1                # or: down --all
 
 Environment:
     GPUNODE_LAB_CACHE         image cache (default /var/cache/gpunode-lab)
