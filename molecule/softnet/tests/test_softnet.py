@@ -121,7 +121,8 @@ def module(**options):
     """softnet_check on the guest through Ansible, as a user runs it ad hoc."""
     args = " ".join("%s=%s" % (k, v) for k, v in options.items())
     res = subprocess.run(["ansible", "-i", INVENTORY, NODE, "-m", "gpunode.tuning.softnet_check", "-a", args, "-o"],
-                         capture_output=True, text=True, timeout=600, env=dict(os.environ, ANSIBLE_NOCOLOR="1"), check=False)
+                         capture_output=True, text=True, timeout=600, check=False,
+                         env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     line = [text for text in res.stdout.splitlines() if text.startswith(NODE + " | ")][0]
     return json.loads(line.split(" => ", 1)[1])
