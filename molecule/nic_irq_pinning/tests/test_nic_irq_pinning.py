@@ -13,171 +13,29 @@ file order and build on each other (one guest boot for the whole story):
   7  small-node (one NUMA node, no irqbalance) converged
   8  state=absent leaves nothing behind and gives irqbalance back
 
-Guest commands go over plain SSH (tests/lab/lab.py's options), which
-survives the reboot; file and service state is asserted with testinfra.
+The helpers (guest SSH, the independent IRQ probe, playbook runs, reports)
+are in molecule/_shared/labtest.py, shared with the irqbalance_banned scenario.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import re
-import subprocess
+import sys
 import time
 from pathlib import Path
 
-import testinfra
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
+from labtest import (ENTRY, GPU, LIB, MASK_MARKER, RECHECK, RULE, STATE, TIMER, UNIT,  # noqa: E402
+                     assert_fresh_plan_was_applied, assert_gpu_layout, host, pinned_as_planned, planned,
+                     playbook, probe, queue_cpus, reboot, report, ssh, wait_until)
 
-REPO = Path(__file__).resolve().parents[3]
-SCENARIO = Path(os.environ["MOLECULE_SCENARIO_DIRECTORY"])
-EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
-INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
-SCENARIO_NAME = os.environ["MOLECULE_SCENARIO_NAME"]
-
-GPU = {"name": "gpu-node", "iface": "enp66s1", "pci": "0000:42:01.0", "queues": 6, "cpus": {4, 5, 6, 7}}
 SMALL = {"name": "small-node", "iface": "ens4", "pci": "0000:00:04.0", "queues": 2}
-
-UNIT = "/etc/systemd/system/gpunode-nic-irq-affinity.service"
-TIMER = "/etc/systemd/system/gpunode-nic-irq-affinity.timer"
-RECHECK = "/etc/systemd/system/gpunode-nic-irq-affinity-recheck.service"
-RULE = "/etc/udev/rules.d/70-gpunode-nic-irq-affinity.rules"
-STATE = "/etc/gpunode/nic-irq-affinity.json"
-LIB = "/usr/local/lib/gpunode-tuning"
-ENTRY = "/usr/local/sbin/gpunode-nic-irq-pin"
-MASK_MARKER = "/etc/gpunode/irqbalance-masked.json"
-
-# Read on the guest, independently of the collection's code: the PCI
-# function's MSI IRQs, their names, smp_affinity_list, effective affinity.
-PROBE = r"""
-import json, os, sys
-pci = sys.argv[1]
-base = "/sys/bus/pci/devices/%s/msi_irqs" % pci
-names = {}
-with open("/proc/interrupts") as fh:
-    for line in fh:
-        parts = line.split()
-        if parts and parts[0].rstrip(":").isdigit():
-            names[int(parts[0].rstrip(":"))] = parts[-1]
-def rd(p):
-    try:
-        with open(p) as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
-irqs = {}
-for n in sorted(int(i) for i in (os.listdir(base) if os.path.isdir(base) else [])):
-    irqs[n] = {"name": names.get(n), "affinity": rd("/proc/irq/%d/smp_affinity_list" % n),
-               "effective": rd("/proc/irq/%d/effective_affinity_list" % n)}
-sib = {}
-for c in os.listdir("/sys/devices/system/cpu"):
-    if c[3:].isdigit() and c.startswith("cpu"):
-        sib[int(c[3:])] = rd("/sys/devices/system/cpu/%s/topology/thread_siblings_list" % c)
-print(json.dumps({"irqs": irqs, "siblings": sib, "boot_id": rd("/proc/sys/kernel/random/boot_id")}))
-"""
-
-
-def _lab():
-    spec = importlib.util.spec_from_file_location("lab", REPO / "tests" / "lab" / "lab.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-LAB = _lab()
-
-
-def ssh(name, command, check=True, timeout=120):
-    inst = LAB.load_instance("%s-%s" % (SCENARIO_NAME, name))
-    res = subprocess.run(LAB.ssh_base(inst["port"], Path(inst["identity_file"])) + [command],
-                         capture_output=True, text=True, timeout=timeout, check=False)
-    if check:
-        assert res.returncode == 0, "%s: %s -> rc %d\n%s%s" % (name, command, res.returncode, res.stdout, res.stderr)
-    return res
-
-
-def probe(node):
-    out = ssh(node["name"], "python3 -c '%s' %s" % (PROBE.replace("'", "'\"'\"'"), node["pci"])).stdout
-    data = json.loads(out)
-    data["irqs"] = {int(k): v for k, v in data["irqs"].items()}
-    return data
-
-
-def queue_cpus(data):
-    """{queue: set of smp_affinity_list texts of its input/output IRQs}."""
-    out = {}
-    for irq in data["irqs"].values():
-        m = re.match(r"virtio\d+-(input|output)\.(\d+)$", irq["name"] or "")
-        if m:
-            out.setdefault(int(m.group(2)), set()).add(irq["affinity"])
-    return out
-
-
-def host(name):
-    return testinfra.get_host("ansible://%s" % name, ansible_inventory=INVENTORY)
-
-
-def playbook(*extra, check=False, tag=None):
-    argv = ["ansible-playbook", "--inventory", str(Path(INVENTORY).parent)]
-    if check:
-        argv += ["--check", "--diff"]
-    if tag:
-        argv += ["--extra-vars", "lab_report_tag=%s" % tag]
-    argv += list(extra) + [str(SCENARIO / "converge.yml")]
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800, check=False)
-    recap = {h: int(c) for h, c in re.findall(r"(?m)^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)", res.stdout)}
-    return res, recap
-
-
-def report(name, tag):
-    return json.loads((EPHEMERAL / ("report-%s-%s.json" % (name, tag))).read_text())
-
-
-def wait_until(predicate, timeout, step=2.0):
-    start = time.monotonic()
-    while True:
-        value = predicate()
-        if value:
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            return None
-        time.sleep(step)
-
-
-def planned(name, tag="run"):
-    """{irq: after} of the queue IRQs in the role's report."""
-    return {i["irq"]: i["after"] for i in report(name, tag)["irqs"] if i["kind"] == "queue"}
-
-
-def pinned_as_planned(node, plan):
-    data = probe(node)
-    return all(data["irqs"].get(irq, {}).get("affinity") == after for irq, after in plan.items()) and data
-
-
-def assert_gpu_layout(data):
-    """12 queue IRQs; each pair on one CPU; the 4 CPUs of node 1 as whole SMT pairs; round-robin."""
-    by_queue = queue_cpus(data)
-    assert sorted(by_queue) == list(range(GPU["queues"])), by_queue
-    assert all(len(v) == 1 for v in by_queue.values()), "a queue's input and output differ: %s" % by_queue
-    cpus = [int(next(iter(by_queue[q]))) for q in range(GPU["queues"])]
-    assert set(cpus) == GPU["cpus"], cpus
-    for cpu in set(cpus):                                      # whole sibling pairs: both threads of each core used
-        pair = {int(c) for c in re.split(r"[,-]", data["siblings"][str(cpu)])}
-        assert pair <= set(cpus), (cpu, pair, cpus)
-    assert len(set(cpus[:4])) == 4 and cpus[4:] == cpus[:2], "not round-robin over 4 CPUs: %s" % cpus
 
 
 # 1 -------------------------------------------------------------------------
 
 def test_fresh_check_mode_plan_is_exactly_what_converge_did():
-    fresh = report(GPU["name"], "fresh-check")
-    assert fresh["check_mode"] is True
-    plan = {i["irq"]: i["after"] for i in fresh["irqs"] if i["kind"] == "queue"}
-    assert len(plan) == 2 * GPU["queues"]
-    assert fresh["drift"], "the fresh guest (irqbalance had spread the IRQs) showed no drift"
-    data = probe(GPU)
-    assert {irq: data["irqs"][irq]["affinity"] for irq in plan} == plan
+    assert_fresh_plan_was_applied(GPU)
 
 
 # 2 -------------------------------------------------------------------------
@@ -238,18 +96,7 @@ def test_drift_by_irqbalance_is_reported_in_check_mode_and_fixed_by_converge():
 def test_reboot_restores_the_pins_without_ansible():
     before = probe(GPU)
     plan_by_queue = {q: next(iter(v)) for q, v in queue_cpus(before).items()}
-    ssh(GPU["name"], "systemd-run --on-active=2 systemctl reboot")
-    start = time.monotonic()
-
-    def rebooted():
-        try:
-            res = ssh(GPU["name"], "cat /proc/sys/kernel/random/boot_id", check=False, timeout=30)
-        except subprocess.TimeoutExpired:
-            return False
-        return res.returncode == 0 and res.stdout.strip() != before["boot_id"]
-
-    assert wait_until(rebooted, timeout=600, step=5) is not None, "the guest did not come back"
-    back = time.monotonic() - start
+    back = reboot(GPU, before["boot_id"])
 
     def restored():
         data = probe(GPU)
@@ -307,7 +154,6 @@ def test_channel_change_is_drift_in_check_mode_and_the_timer_restores_it():
 
     since = ssh(GPU["name"], "date +%s").stdout.strip()
     ssh(GPU["name"], "systemctl start gpunode-nic-irq-affinity.timer")
-    start = time.monotonic()
 
     def restored():
         data = probe(GPU)
