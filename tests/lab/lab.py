@@ -509,11 +509,12 @@ def console_tail(name: str, lines: int = 60) -> str:
     return f"---- last {len(tail)} lines of {path} ----\n" + "\n".join(tail) + "\n---- end of console log ----"
 
 
-def qemu_argv(name: str, shape: str, port: int, image: Path, accel: str, hostname: str) -> list[str]:
+def qemu_argv(name: str, shape: str, port: int, image: Path, accel: str, hostname: str,
+              kernel_args: str = "") -> list[str]:
     d = inst_dir(name)
     spec = SHAPES[shape]
     tap = tap_name(name)
-    append = f"{KERNEL_CMDLINE} systemd.hostname={hostname}"
+    append = f"{KERNEL_CMDLINE} systemd.hostname={hostname}" + (f" {kernel_args}" if kernel_args else "")
     accel_arg = "kvm" if accel == "kvm" else "tcg,thread=multi"
     return [
         QEMU,
@@ -594,14 +595,15 @@ def wait_for_ssh(name: str, inst: dict, deadline: float) -> None:
         log(f"guest {name}: degraded, failed units:\n{res.stdout}")
 
 
-def start_qemu(name: str, shape: str, port: int, image: Path, accel: str, hostname: str) -> dict:
+def start_qemu(name: str, shape: str, port: int, image: Path, accel: str, hostname: str,
+               kernel_args: str = "") -> dict:
     d = inst_dir(name)
     variant = SHAPES[shape]["variant"]
     base = image / f"{variant}.img"
     for f in ("disk.qcow2", "console.log", "qemu.pid", "monitor.sock"):
         (d / f).unlink(missing_ok=True)
     run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(base), str(d / "disk.qcow2")], capture=True)
-    argv = qemu_argv(name, shape, port, image, accel, hostname)
+    argv = qemu_argv(name, shape, port, image, accel, hostname, kernel_args)
     (d / "qemu.argv").write_text(shlex.join(argv) + "\n")
     res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     if res.returncode != 0:
@@ -616,6 +618,7 @@ def start_qemu(name: str, shape: str, port: int, image: Path, accel: str, hostna
         "name": name,
         "shape": shape,
         "hostname": hostname,
+        "kernel_args": kernel_args,
         "address": "127.0.0.1",
         "port": port,
         "user": "root",
@@ -657,10 +660,13 @@ def kvm_usable(image: Path) -> bool:
 
 
 def up(name: str, shape: str, port: int | None, accel: str | None = None,
-       timeout: int | None = None, hostname: str | None = None, probe: bool = False) -> dict:
+       timeout: int | None = None, hostname: str | None = None, probe: bool = False,
+       kernel_args: str = "") -> dict:
     require_root()
     if shape not in SHAPES:
         raise LabError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    if not re.fullmatch(r"[A-Za-z0-9_.,=:/ -]*", kernel_args or ""):
+        raise LabError(f"kernel_args {kernel_args!r}: expected space-separated kernel parameters such as 'isolcpus=2 nohz_full=3'")
     ensure_host_packages({k: v for k, v in HOST_PACKAGES.items() if k != "debootstrap"})
     image = current_image()
     d = inst_dir(name)
@@ -683,7 +689,7 @@ def up(name: str, shape: str, port: int | None, accel: str | None = None,
     deadline = t0 + (timeout or BOOT_TIMEOUT)
     log(f"booting {name} ({shape}, {accel}) ssh 127.0.0.1:{port}, tap {tap_name(name)}")
     try:
-        inst = start_qemu(name, shape, port, image, accel, hostname or name)
+        inst = start_qemu(name, shape, port, image, accel, hostname or name, kernel_args or "")
         wait_for_ssh(name, inst, deadline)
     except BaseException:
         if not probe:
@@ -809,7 +815,8 @@ def cmd_build(args) -> int:
 
 
 def cmd_up(args) -> int:
-    inst = up(args.name, args.shape, args.port, accel=args.accel, timeout=args.timeout, hostname=args.hostname)
+    inst = up(args.name, args.shape, args.port, accel=args.accel, timeout=args.timeout, hostname=args.hostname,
+              kernel_args=args.kernel_args)
     print(json.dumps(inst))
     return 0
 
@@ -892,6 +899,7 @@ def main(argv=None) -> int:
     u.add_argument("--hostname", help="guest hostname (default: the name)")
     u.add_argument("--timeout", type=int, help=f"boot timeout in s (default {BOOT_TIMEOUT})")
     u.add_argument("--accel", choices=["tcg", "kvm"], help="default: $GPUNODE_LAB_ACCEL or tcg")
+    u.add_argument("--kernel-args", default="", help="extra kernel parameters, e.g. 'isolcpus=2 nohz_full=3'")
     u.set_defaults(func=cmd_up)
 
     d = sub.add_parser("down", help="stop guests, remove taps and overlays (idempotent)")

@@ -6,7 +6,8 @@ address). Runs after converge, idempotence and the no-change check; the tests
 run in file order and build on each other (one guest boot):
 
   1  the fresh-guest check-mode plan is exactly what converge did
-  2  converged: the config lines, the policy script, the running daemon's own
+  2  converged: the config lines (the NIC's CPUs plus the isolcpus and nohz_full
+     CPUs the guest boots with), the policy script, the running daemon's own
      command line and environment, restarted once by converge and never again
   3  the daemon itself says what it bans: the CPU mask on its socket, and
      "Override ban" for exactly the NIC's IRQs in its log; the pins stay through
@@ -40,7 +41,12 @@ CONFIG = "/etc/default/irqbalance"
 POLICY = "/usr/local/libexec/gpunode-irqbalance-policy"
 BANNED_MARKER = "/etc/gpunode/irqbalance-banned.json"
 POLICY_ARG = "--policyscript=" + POLICY
-ROLE_LINES = ["IRQBALANCE_BANNED_CPULIST=4-7", 'IRQBALANCE_ARGS="%s"' % POLICY_ARG]
+# The guest boots with isolcpus=2 nohz_full=3 (molecule.yml): the banned list is
+# the NIC's CPUs 4-7 plus those two, because setting the variable switches off
+# irqbalance's own isolcpus/nohz_full ban.
+ISOLATED, NOHZ_FULL = {2}, {3}
+BANNED = GPU["cpus"] | ISOLATED | NOHZ_FULL
+ROLE_LINES = ["IRQBALANCE_BANNED_CPULIST=2-7", 'IRQBALANCE_ARGS="%s"' % POLICY_ARG]
 NAME = GPU["name"]
 
 # Asks the running daemon over its own socket (what irqbalance-ui uses) for its
@@ -117,7 +123,7 @@ def assert_banned_config_and_daemon():
     d = daemon()
     assert d["pid"] > 0
     assert POLICY_ARG in d["cmdline"], d["cmdline"]
-    assert "IRQBALANCE_BANNED_CPULIST=4-7" in d["environ"]
+    assert "IRQBALANCE_BANNED_CPULIST=2-7" in d["environ"]
     return d
 
 
@@ -133,6 +139,9 @@ def test_fresh_check_mode_plan_is_exactly_what_converge_did():
 
 def test_converged_config_policy_script_and_daemon():
     h = host(NAME)
+    # The guest really has the isolated and nohz_full CPUs the banned list must include.
+    assert h.file("/sys/devices/system/cpu/isolated").content_string.strip() == "2"
+    assert h.file("/sys/devices/system/cpu/nohz_full").content_string.strip() == "3"
     cfg = h.file(CONFIG)
     assert cfg.user == "root" and cfg.mode == 0o644
     script = h.file(POLICY)
@@ -157,7 +166,7 @@ def test_converged_config_policy_script_and_daemon():
 def test_the_daemon_bans_the_pinned_cpus_and_the_nics_irqs_and_leaves_the_pins():
     plan = planned(NAME)
     d = daemon()
-    assert daemon_banned_cpus() == GPU["cpus"]
+    assert daemon_banned_cpus() == BANNED
     msi = device_irqs()[0]
     assert len(msi) == 2 * GPU["queues"] + 1                       # queues plus the config vector
     assert banned_by_policy(d["pid"]) == msi
@@ -177,6 +186,7 @@ def test_without_the_device_ban_irqbalance_moves_the_pins_off_the_banned_cpus():
     ssh(NAME, one_pass + " $IRQBALANCE_ARGS", timeout=180)
     assert pinned_as_planned(GPU, plan), "a pass with the policy script moved a pin: %s" % probe(GPU)["irqs"]
     # The same pass with the banned CPUs but without the device ban: every pin is moved off them.
+    # (Onto CPUs 0-1, the only ones not banned.)
     ssh(NAME, one_pass, timeout=180)
     moved = {irq: probe(GPU)["irqs"][irq]["affinity"] for irq in plan}
     off = {irq for irq, aff in moved.items()
@@ -222,7 +232,7 @@ def test_hand_edited_config_is_drift_check_mode_touches_nothing_converge_restart
     res, recap = playbook("--limit", NAME, check=True, tag="config-check")
     assert res.returncode == 0, res.stdout[-3000:]
     assert recap.get(NAME, 0) > 0, "check mode reported no drift for a hand-edited config"
-    assert "IRQBALANCE_BANNED_CPULIST=7" in res.stdout and "IRQBALANCE_BANNED_CPULIST=4-7" in res.stdout  # --diff
+    assert "IRQBALANCE_BANNED_CPULIST=7" in res.stdout and "IRQBALANCE_BANNED_CPULIST=2-7" in res.stdout  # --diff
     assert ssh(NAME, "md5sum %s" % CONFIG).stdout == edited
     assert daemon()["pid"] == before["pid"]
 
