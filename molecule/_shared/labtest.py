@@ -42,10 +42,22 @@ LIB = "/usr/local/lib/gpunode-tuning"
 ENTRY = "/usr/local/sbin/gpunode-nic-irq-pin"
 MASK_MARKER = "/etc/gpunode/irqbalance-masked.json"
 
+# Guest-side helper the probe scripts of every scenario start with: a file's
+# stripped text, or None.
+GUEST_READ = r"""
+def rd(p):
+    try:
+        with open(p) as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+"""
+
 # Read on the guest, independently of the collection's code: the PCI
 # function's MSI IRQs, their names, smp_affinity_list, effective affinity.
 PROBE = r"""
 import json, os, sys
+""" + GUEST_READ + r"""
 pci = sys.argv[1]
 base = "/sys/bus/pci/devices/%s/msi_irqs" % pci
 names = {}
@@ -54,12 +66,6 @@ with open("/proc/interrupts") as fh:
         parts = line.split()
         if parts and parts[0].rstrip(":").isdigit():
             names[int(parts[0].rstrip(":"))] = parts[-1]
-def rd(p):
-    try:
-        with open(p) as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
 irqs = {}
 for n in sorted(int(i) for i in (os.listdir(base) if os.path.isdir(base) else [])):
     irqs[n] = {"name": names.get(n), "affinity": rd("/proc/irq/%d/smp_affinity_list" % n),

@@ -148,7 +148,6 @@ def _node_distance(topology, nic, cpu):
 
 def _pick_cpus(nic, topology, count, exclude, numa_local, whole_cores, warnings):
     online = set(topology["online"])
-    siblings_of = sibling_map(topology)
     avoid = set(topology.get("isolated") or []) | set(topology.get("nohz_full") or [])
     local = _local_cpus(nic, topology) if numa_local else None
     if numa_local and local is None:

@@ -35,7 +35,6 @@ ARPHRD_INFINIBAND = 32
 PCI_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 PCI_SHORT_RE = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5,19}$")
-SELECTOR_KEYS = ("interface", "pci_address", "mac", "cidr")
 
 
 # The NIC selector and filesystem roots every module takes; documented once in

@@ -9,16 +9,18 @@ topology fails this scenario.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "molecule" / "_shared"))
+from labtest import GUEST_READ, LAB  # noqa: E402  (loads tests/lab/lab.py once for every scenario)
 
 MGMT_PCI = "0000:00:03.0"
 
@@ -55,12 +57,7 @@ EXPECT = {
 PROBE = r"""
 import glob, json, os, re
 PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-def rd(p):
-    try:
-        with open(p) as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
+""" + GUEST_READ + r"""
 f = {"nodes": {}, "cpus": {}, "nics": {}, "interrupts": {}}
 f["online"] = rd("/sys/devices/system/cpu/online")
 for n in glob.glob("/sys/devices/system/node/node[0-9]*"):
@@ -114,13 +111,6 @@ def guest(host):
 @pytest.fixture(scope="module")
 def data_nic(guest, expect):
     return guest["nics"][expect["data_nic"]]
-
-
-def _lab():
-    spec = importlib.util.spec_from_file_location("lab", REPO / "tests" / "lab" / "lab.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_online_cpus_match_the_shape(guest, expect):
@@ -190,7 +180,7 @@ def test_management_nic_is_static_and_reaches_the_controller(host):
 
 def test_host_side_tap_is_multiqueue_and_carries_no_address(name, expect):
     """Controller-side: the instance's tap, as later traffic tests find it."""
-    lab = _lab()
+    lab = LAB
     inst = lab.load_instance(f"{os.environ['MOLECULE_SCENARIO_NAME']}-{name}")
     tap = inst["tap"]
     assert len(tap) <= 15

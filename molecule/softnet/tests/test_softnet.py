@@ -13,15 +13,17 @@ The guest-side readers below are independent of the collection's code.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "molecule" / "_shared"))
+from labtest import LAB  # noqa: E402  (loads tests/lab/lab.py once for every scenario)
 EPHEMERAL = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"])
 INVENTORY = os.environ["MOLECULE_INVENTORY_FILE"]
 SCENARIO_NAME = os.environ["MOLECULE_SCENARIO_NAME"]
@@ -79,14 +81,6 @@ print(json.dumps(out))
 """.replace("PCI", repr(PCI))
 
 
-def _lab():
-    spec = importlib.util.spec_from_file_location("lab", REPO / "tests" / "lab" / "lab.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-LAB = _lab()
 INSTANCE = LAB.load_instance("%s-%s" % (SCENARIO_NAME, NODE))
 
 

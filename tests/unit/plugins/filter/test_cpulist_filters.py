@@ -47,7 +47,6 @@ def test_filters_raise_ansible_errors_naming_the_filter(name, args, fragment):
 
 def test_filters_run_in_a_playbook_template(tmp_path):
     """The filters resolve by FQCN in a real ansible run against localhost."""
-    import json
     import os
     import subprocess
     import sys
