@@ -21,17 +21,27 @@ error, 2 on bad usage. With ``--quiet`` (the periodic re-check) it prints
 nothing for a NIC whose pins are already in place, and everything for one it
 had to change or could not handle. When the NIC is not there yet (boot, driver rebind) it
 retries for at most ``--wait`` seconds (default 5, capped at 30).
+
+Many drivers (ena, ixgbe, i40e, ice, bnxt_en, e1000e, vmxnet3, and mlx5
+since completion EQs are created on first use) allocate their MSI-X vectors
+at probe but request the queue IRQs only when the interface is opened: until
+then ``msi_irqs`` lists the vectors and ``/proc/irq/N`` does not exist. For
+such a NIC the run waits (bounded by ``--wait``) for the IRQs to appear; if
+the interface is still closed it says so and exits 0, because the network
+stack's if-up hook (installed by the role) runs it again when the interface
+comes up.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import AffinityError, run_desired_state
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import NicError
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_KEYS, NicError, read_nic
 
 DEFAULT_STATE = "/etc/gpunode/nic-irq-affinity.json"
 ALLOWED = ("ethtool", "ip", "systemctl")
@@ -61,6 +71,17 @@ def _summary(result, check):
         result["interface"], result["pci_address"], "changed" if result["changed"] else "no change", result["cpulist"],
         " (check mode)" if check else ""))
     return lines
+
+
+def unopened_vectors(state, procfs, sysfs, run):
+    """MSI vectors of the NIC in ``state`` that have no IRQ yet (no /proc/irq/N: the
+    driver requests them when the interface is opened). [] when the NIC cannot be read."""
+    selector = dict((k, state.get(k)) for k in SELECTOR_KEYS)
+    try:
+        nic = read_nic(selector, procfs=procfs, sysfs=sysfs, run=run)
+    except NicError:
+        return []
+    return [e["irq"] for e in nic["irqs"] if not os.path.isdir(os.path.join(procfs, "irq", str(e["irq"])))]
 
 
 def main(argv=None, run=None, out=None, sleep=time.sleep, clock=time.monotonic):
@@ -116,6 +137,16 @@ def main(argv=None, run=None, out=None, sleep=time.sleep, clock=time.monotonic):
                 status = 1
                 break
             except AffinityError as exc:
+                unopened = unopened_vectors(state, procfs, sysfs, runner)
+                if unopened and clock() < deadline:
+                    sleep(0.5)
+                    continue
+                if unopened:
+                    out.write("%s: %d MSI vectors allocated (%s) but no IRQs requested yet: the interface has not been "
+                              "opened; its pins are applied when it comes up (if-up hook)\n"
+                              % (state.get("pci_address") or state.get("interface") or "NIC", len(unopened),
+                                 ",".join(str(n) for n in unopened)))
+                    break
                 out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
                 status = 1
                 break

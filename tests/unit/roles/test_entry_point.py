@@ -122,3 +122,52 @@ def test_a_missing_nic_fails_loudly_even_when_quiet(installed, lab, tmp_path):
     res = _run(installed, "--quiet", "--wait", "0", state)
     assert res.returncode == 1
     assert "0000:99:00.0" in res.stdout
+
+
+def _close_interface(tree, irqs):
+    """The NIC as a driver that requests its IRQs in ndo_open leaves it before the
+    interface is up: the vectors in msi_irqs, no /proc/irq/N, no /proc/interrupts row."""
+    for irq in irqs:
+        shutil.rmtree(tree.irq_dir(irq))
+    path = Path(tree.proc) / "interrupts"
+    keep = [line for line in path.read_text().splitlines(keepends=True)
+            if line.split(":", 1)[0].strip() not in {str(i) for i in irqs}]
+    path.write_text("".join(keep))
+
+
+def test_a_closed_interface_is_not_an_error_and_says_when_it_will_be_pinned(installed, lab):
+    tree, state = lab
+    irqs = tree.irqs("enp66s1")
+    _close_interface(tree, irqs)
+    before = tree.all_affinities()
+    res = _run(installed, "--wait", "1", state)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "no IRQs requested yet" in res.stdout and "if-up hook" in res.stdout, res.stdout
+    assert str(len(irqs)) + " MSI vectors" in res.stdout, res.stdout
+    assert tree.all_affinities() == before
+
+
+def test_irqs_that_appear_while_waiting_are_pinned_in_the_same_run(lab):
+    """The boot unit runs before the interface is opened: it waits (bounded) and pins
+    the IRQs as soon as the driver requests them."""
+    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_pin_cli
+
+    tree, state = lab
+    _close_interface(tree, tree.irqs("enp66s1"))
+    opened = []
+
+    def sleep(_seconds):
+        if not opened:                      # "ip link set up": the driver requests the IRQs
+            build_tree(tree.root, lab_virtio())
+            opened.append(True)
+
+    lines = []
+
+    class Out(object):
+        def write(self, text):
+            lines.append(text)
+
+    assert _irq_pin_cli.main(["--wait", "5", str(state)], run=tree.run, out=Out(), sleep=sleep) == 0, lines
+    assert opened, "the run did not wait for the IRQs"
+    queue = {int(i): tree.affinity(i) for i in tree.irqs("enp66s1")[1:]}
+    assert sorted(set(queue.values())) == ["4", "5", "6", "7"], (queue, lines)
