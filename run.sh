@@ -4,8 +4,11 @@
 #   ./run.sh diagnose [ansible-playbook args...]  install, then diagnose this machine (read-only)
 #   ./run.sh test                                 install, then the whole test suite, in order:
 #                                                 unit, sanity, lint, molecule
-#   ./run.sh deps | unit | sanity | lint | molecule | lab-down
+#   ./run.sh molecule [SCENARIO...]               the named Molecule scenarios (default: all)
+#   ./run.sh deps | unit | sanity | lint | lab-down
 #
+# Needs root: it installs Debian packages and the lab boots QEMU guests with
+# tap devices. With no argument it prints this help.
 # Runs as root on Debian 12 with nothing but python3 (and bash) installed:
 # missing Debian packages are installed with apt-get, Python tooling goes into
 # .venv from requirements-dev.txt (pinned).
@@ -120,8 +123,19 @@ scenarios() {
 }
 
 step_molecule() {
-    local list rc=0 s t0
-    mapfile -t list < <(scenarios)
+    local list rc=0 s t0 known
+    if [ "$#" -gt 0 ]; then
+        list=("$@")
+        mapfile -t known < <(scenarios)
+        for s in "${list[@]}"; do
+            if ! printf '%s\n' "${known[@]}" | grep -qxF -- "$s"; then
+                echo "unknown scenario '$s'; known: ${known[*]}" >&2
+                return 2
+            fi
+        done
+    else
+        mapfile -t list < <(scenarios)
+    fi
     if [ "${#list[@]}" -eq 0 ]; then echo "no molecule scenarios"; return 1; fi
     python3 tests/lab/lab.py build || return 1
     trap 'python3 tests/lab/lab.py down --all >/dev/null 2>&1' RETURN
@@ -140,11 +154,14 @@ step_molecule() {
 }
 
 run_steps() {
-    local passed=0 failed=0 failed_names=() s t0 summary=()
-    for s in "$@"; do
+    # run_steps STEP... [-- ARGS for the last step]
+    local passed=0 failed=0 failed_names=() s t0 summary=() steps=() args=()
+    while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do steps+=("$1"); shift; done
+    [ "${1:-}" = "--" ] && { shift; args=("$@"); }
+    for s in "${steps[@]}"; do
         t0=$SECONDS
         log "step $s"
-        if "step_$s"; then
+        if if [ "$s" = "${steps[-1]}" ]; then "step_$s" "${args[@]}"; else "step_$s"; fi; then
             passed=$((passed + 1)); summary+=("$s=ok($((SECONDS - t0))s)")
         else
             failed=$((failed + 1)); failed_names+=("$s"); summary+=("$s=FAILED($((SECONDS - t0))s)")
@@ -156,21 +173,37 @@ run_steps() {
     [ "$failed" -eq 0 ]
 }
 
-cmd=${1:-test}
+usage() { sed -n '2,/^set /{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; }
+
+cmd=${1:-}
 shift || true
+if [ -z "$cmd" ] || [ "$cmd" = "-h" ] || [ "$cmd" = "--help" ] || [ "$cmd" = "help" ]; then
+    usage; exit 0
+fi
+need_root() {
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "run.sh $cmd: needs root (it installs missing Debian packages with apt-get, and the lab boots" \
+             "QEMU guests on tap devices); run it as root, e.g. sudo ./run.sh $cmd" >&2
+        exit 1
+    fi
+}
+case "$cmd" in deps | test | unit | sanity | lint | molecule | diagnose | lab-down) need_root ;; esac
 case "$cmd" in
     deps) deps test ;;
     test)
         deps test || { echo "steps: 0 passed, 1 failed (deps)"; exit 1; }
         run_steps unit sanity lint molecule ;;
-    unit | sanity | lint | molecule)
+    unit | sanity | lint)
         deps test || exit 1
         run_steps "$cmd" ;;
+    molecule)
+        deps test || exit 1
+        run_steps molecule -- "$@" ;;
     diagnose)
         deps || exit 1
         ansible-playbook -i localhost, -c local \
             -e "ansible_python_interpreter=$VENV/bin/python" \
             playbooks/diagnose.yml "$@" ;;
     lab-down) python3 tests/lab/lab.py down --all ;;
-    *) sed -n '2,12p' "$0"; exit 2 ;;
+    *) echo "run.sh: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;
 esac

@@ -20,7 +20,9 @@ import json
 import os
 import re
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import format_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import (
+    TreeError,
     join,
     link_name,
     list_dir,
@@ -29,22 +31,21 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import (
     read_raw,
     read_text,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._interrupts import parse_interrupts, per_cpu_counts
+from ansible_collections.gpunode.tuning.plugins.module_utils._interrupts import InterruptsError, parse_interrupts, per_cpu_counts
 
 ARPHRD_INFINIBAND = 32
 PCI_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 PCI_SHORT_RE = re.compile(r"^[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5,19}$")
+# a full PCI address inside an IRQ name or chip column ("mlx5_comp0@pci:0000:00:07.0", "PCI-MSIX-0000:00:07.0")
+PCI_IN_TEXT = re.compile(r"(?<![0-9a-f])([0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])(?![0-9a-f])", re.I)
 
 
 # The NIC selector and filesystem roots every module takes; documented once in
 # the gpunode.tuning.nic_selector doc fragment. Plain data: no Ansible import.
 SELECTOR_KEYS = ("interface", "pci_address", "mac", "cidr")
 SELECTOR_ARGUMENT_SPEC = dict(
-    interface=dict(type="str"),
-    pci_address=dict(type="str"),
-    mac=dict(type="str"),
-    cidr=dict(type="str"),
+    [(key, dict(type="str")) for key in SELECTOR_KEYS],
     procfs_path=dict(type="path", default="/proc"),
     sysfs_path=dict(type="path", default="/sys"),
 )
@@ -57,6 +58,21 @@ class NicError(Exception):
     def __init__(self, message, **details):
         super(NicError, self).__init__(message)
         self.details = details
+
+
+def check_selector(selector):
+    """Raise NicError for a selector key given as an empty or blank string.
+
+    Leaving every selector out means "the default-route NIC"; an empty value
+    (``interface: ""``, often an unset variable) must not silently mean that too.
+    """
+    for key in SELECTOR_KEYS:
+        value = (selector or {}).get(key)
+        if value is not None and not str(value).strip():
+            raise NicError(
+                "%s is empty (%r): an empty selector would select the default-route NIC; give a value or leave %s out"
+                % (key, value, key), option=key, value=value, expected="a non-empty %s, or no selector at all" % key,
+            )
 
 
 # ---------------------------------------------------------------- IRQ names --
@@ -84,6 +100,15 @@ DRIVER_RULES = {
     "i40e": [(re.compile(r"^i40e-(?!.*fdir).*-TxRx-(\d+)$"), "txrx")],
     "ixgbe": [(_TXRX, "txrx"), (_RX, "rx"), (_TX, "tx")],
     "bnxt_en": [(_TXRX, "txrx"), (_RX, "rx"), (_TX, "tx")],
+    # VMware vmxnet3 (drivers/net/vmxnet3/vmxnet3_drv.c, vmxnet3_request_irqs): "<ifname>-rxtx-N" with
+    # shared queue vectors, else "<ifname>-tx-N" / "<ifname>-rx-N"; "<ifname>-event-N" is control.
+    # Requested in ndo_open, so the names carry the interface name (checked in the lab's open-nic guest).
+    "vmxnet3": [(re.compile(r"-rxtx-(\d+)$"), "txrx"), (_RX, "rx"), (_TX, "tx")],
+    # Microsoft Azure Network Adapter (PCI driver "mana"). drivers/net/ethernet/microsoft/mana/gdma_main.c,
+    # mana_gd_setup_irqs(): vector 0 is "mana_hwc@pci:%s" (the hardware channel, control) and vector i >= 1
+    # "mana_q%d@pci:%s" with i - 1; mana_en.c gives queue i msix_index (i + 1) % num_msix_usable, so
+    # mana_qK serves queue K. Anything else (mana_hwc, a future naming) is control and never pinned.
+    "mana": [(re.compile(r"^mana_q(\d+)@pci:"), "txrx")],
 }
 GENERIC_RULES = [
     (_TXRX, "txrx"),
@@ -95,6 +120,12 @@ GENERIC_RULES = [
     (re.compile(r"^mlx5_comp(\d+)(?:@|$)"), "txrx"),
     (re.compile(r"(?:^|[-_])(?:comp|queue|q|ch)(\d+)(?:@|$)"), "txrx"),
 ]
+# Generic names: a PCI address is removed before any rule looks for a queue number (its function digit
+# "...@pci:DDDD:BB:SS.F" is not a queue), and a control word as its own name component wins over
+# every queue rule (i40e's FDIR vector "i40e-0000:3b:00.0:fdir-TxRx-0" is not queue 0).
+_PCI_IN_NAME = re.compile(r"(?:@pci:|@|pci:)?(?<![0-9a-f])(?:[0-9a-f]{4,8}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7](?![0-9a-f])", re.I)
+_GENERIC_CONTROL = re.compile(
+    r"(?:^|[-_:.@ ])(?:fdir|misc|async\d*|mgmnt|mgmt|hwc|config|adminq|aeq|mbx|ctrl|cmd|cmd_eq|pages|pages_eq)(?:[-_:.@ ]|$)", re.I)
 _CONTROL_HINT = re.compile(r"(?:async|mgmnt|mgmt|misc|config|cmd|pages|ctrl|aeq|other|fdir|link|mbx|adminq)", re.I)
 _SUFFIX = re.compile(r"[-.@](\d+)$")
 
@@ -107,6 +138,10 @@ def classify_irq(name, driver):
     number; :func:`classify_irqs` turns those into queues (it needs them all).
     """
     rules = DRIVER_RULES.get(driver)
+    if rules is None:
+        name = _PCI_IN_NAME.sub("", name or "")
+        if _GENERIC_CONTROL.search(name):
+            return "control", None, None
     for regex, direction in rules if rules is not None else GENERIC_RULES:
         match = regex.search(name)
         if match:
@@ -243,29 +278,67 @@ def list_interfaces(sysfs):
 
 
 def _hex_ip4(text):
+    if len(text) != 8:
+        raise ValueError("%r is not 8 hex digits" % text)
     value = int(text, 16)
     return ipaddress.IPv4Address(value.to_bytes(4, "little"))
+
+
+# Columns of the /proc/net files read here, as the kernel prints them
+# (net/ipv4/fib_trie.c fib_route_seq_show, net/ipv6/route.c ipv6_route_native_seq_show,
+# net/ipv6/addrconf.c if6_seq_show).
+ROUTE_COLUMNS = "Iface Destination Gateway Flags RefCnt Use Metric Mask MTU Window IRTT (hex addresses, flags and mask)"
+IPV6_ROUTE_COLUMNS = "dest plen src plen nexthop metric refcnt use flags iface (hex)"
+IF_INET6_COLUMNS = "address(32 hex) ifindex plen scope flags iface (hex)"
+
+
+def _proc_table(procfs, name, columns, expected, header=None):
+    """Yield ``(fields, parse_error)`` for each non-empty row of ``procfs/net/NAME``.
+
+    A missing file yields nothing. A row with fewer than ``columns`` fields, or
+    a missing ``header``, raises TreeError naming the file, the line and what
+    the kernel prints; ``parse_error(exc)`` does the same for a bad value.
+    """
+    path = join(procfs, "net", name)
+    lines = (read_raw(path) or "").splitlines()
+    start = 0
+    if header is not None and lines:
+        if not lines[0].split() or lines[0].split()[0] != header:
+            raise TreeError("%s has no %r header line (got %r)" % (path, header, " ".join(lines[0].split())),
+                            path=path, value=lines[0], expected=expected)
+        start = 1
+    for number, line in enumerate(lines[start:], start + 1):
+        fields = line.split()
+        if not fields:
+            continue
+
+        def bad(why, fields=fields, number=number):
+            return TreeError("%s line %d (%s): %s; expected columns %s" % (path, number, " ".join(fields), why, expected),
+                             path=path, value=" ".join(fields), expected=expected)
+
+        if len(fields) < columns:
+            raise bad("%d columns, not %d" % (len(fields), columns))
+        yield fields, bad
 
 
 def default_route_interfaces(procfs):
     """Interfaces holding the lowest-metric IPv4 (else IPv6) default route."""
     best = {}
-    text = read_raw(join(procfs, "net/route")) or ""
-    for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 8:
-            continue
-        iface, dest, flags, metric, mask = fields[0], fields[1], int(fields[3], 16), int(fields[6]), fields[7]
+    for fields, bad in _proc_table(procfs, "route", 8, ROUTE_COLUMNS, header="Iface"):
+        try:
+            iface, dest, flags, metric, mask = fields[0], fields[1], int(fields[3], 16), int(fields[6]), fields[7]
+            _hex_ip4(dest), _hex_ip4(mask)
+        except (ValueError, OverflowError) as exc:
+            raise bad(str(exc))
         if dest == "00000000" and mask == "00000000" and flags & 0x1 and not flags & 0x200:
             best.setdefault(metric, set()).add(iface)
     if best:
         return sorted(best[min(best)]), "IPv4 default route"
-    text = read_raw(join(procfs, "net/ipv6_route")) or ""
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) < 10:
-            continue
-        dest, plen, metric, flags, iface = fields[0], fields[1], int(fields[5], 16), int(fields[8], 16), fields[9]
+    for fields, bad in _proc_table(procfs, "ipv6_route", 10, IPV6_ROUTE_COLUMNS):
+        try:
+            dest, plen, metric, flags, iface = fields[0], fields[1], int(fields[5], 16), int(fields[8], 16), fields[9]
+        except ValueError as exc:
+            raise bad(str(exc))
         if dest == "0" * 32 and plen == "00" and iface != "lo" and not flags & 0x200 and flags & 0x1:
             best.setdefault(metric, set()).add(iface)
     if best:
@@ -296,10 +369,12 @@ def _addresses_from_proc(procfs):
     """Addresses per interface from fib_trie (+ route for the owner) and if_inet6."""
     result = {}
     routes = []
-    for line in (read_raw(join(procfs, "net/route")) or "").splitlines()[1:]:
-        fields = line.split()
-        if len(fields) >= 8 and fields[7] != "00000000":
-            net = ipaddress.IPv4Network("%s/%s" % (_hex_ip4(fields[1]), _hex_ip4(fields[7])), strict=False)
+    for fields, bad in _proc_table(procfs, "route", 8, ROUTE_COLUMNS, header="Iface"):
+        if fields[7] != "00000000":
+            try:
+                net = ipaddress.IPv4Network("%s/%s" % (_hex_ip4(fields[1]), _hex_ip4(fields[7])), strict=False)
+            except (ValueError, OverflowError) as exc:
+                raise bad(str(exc))
             routes.append((net.prefixlen, net, fields[0]))
     routes.sort(key=lambda r: -r[0])
     locals_ = set()
@@ -318,11 +393,15 @@ def _addresses_from_proc(procfs):
             if ip in net:
                 result.setdefault(iface, []).append(ipaddress.ip_interface("%s/%d" % (ip, net.prefixlen)))
                 break
-    for line in (read_raw(join(procfs, "net/if_inet6")) or "").splitlines():
-        fields = line.split()
-        if len(fields) >= 6:
+    for fields, bad in _proc_table(procfs, "if_inet6", 6, IF_INET6_COLUMNS):
+        try:
+            if len(fields[0]) != 32:
+                raise ValueError("address %r is not 32 hex digits" % fields[0])
             text = ":".join(fields[0][i:i + 4] for i in range(0, 32, 4))
-            result.setdefault(fields[5], []).append(ipaddress.ip_interface("%s/%d" % (text, int(fields[2], 16))))
+            address = ipaddress.IPv6Interface("%s/%d" % (text, int(fields[2], 16)))
+        except ValueError as exc:
+            raise bad(str(exc))
+        result.setdefault(fields[5], []).append(address)
     return result
 
 
@@ -347,7 +426,8 @@ def _candidates_text(entries):
 
 
 def select_interface(selector, procfs="/proc", sysfs="/sys", run=None):
-    """Return ``(interface, how, notes)`` for a selector dict, or raise NicError."""
+    """Return ``(interface, how, notes)`` for a selector dict, or raise NicError (TreeError for unreadable /proc/net)."""
+    check_selector(selector)
     selector = dict((k, v) for k, v in (selector or {}).items() if k in SELECTOR_KEYS and v not in (None, ""))
     if len(selector) > 1:
         raise NicError(
@@ -441,9 +521,50 @@ def select_interface(selector, procfs="/proc", sysfs="/sys", run=None):
 # ------------------------------------------------------------------ read ----
 
 def read_irq_state(procfs, irq):
-    """smp_affinity_list and effective_affinity_list (None when missing) of one IRQ."""
+    """smp_affinity_list and effective_affinity_list of one IRQ; each None when it cannot be read.
+
+    An empty smp_affinity_list is read as None too: the kernel never shows an
+    IRQ allowed on no CPU, so an empty read means the value is unknown (and
+    must never be written back by a rollback: an empty write resets the IRQ).
+    """
     base = join(procfs, "irq", str(irq))
-    return read_cpulist(join(base, "smp_affinity_list"), default=[]), read_cpulist(join(base, "effective_affinity_list"))
+    return read_cpulist(join(base, "smp_affinity_list")) or None, read_cpulist(join(base, "effective_affinity_list"))
+
+
+# /sys/kernel/debug/irq/irqs/N (CONFIG_GENERIC_IRQ_DEBUGFS, debugfs mounted,
+# root only) lists the IRQ's irq_data state bits one per line under "dstate:"
+# (kernel/irq/debugfs.c, irqdata_states); IRQD_AFFINITY_MANAGED marks an IRQ
+# whose affinity the kernel owns and refuses to change from user space.
+DEBUGFS_IRQS = "kernel/debug/irq/irqs"
+
+
+def read_managed(sysfs, irq):
+    """True/False when debugfs under ``sysfs`` says whether ``irq`` is kernel-managed; None when unknown.
+
+    Unknown: debugfs not mounted, not readable (not root), no such IRQ file, or
+    a file without the ``dstate:`` block.
+    """
+    text = read_raw(join(sysfs, DEBUGFS_IRQS, str(irq)))
+    if text is None or "dstate:" not in text:
+        return None
+    return any(line.strip() == "IRQD_AFFINITY_MANAGED" for line in text.splitlines())
+
+
+def _check_owner(number, row, pci, path):
+    """Raise TreeError when the /proc/interrupts row of an MSI vector of ``pci`` names another PCI function.
+
+    MSI vectors are never shared, so a row whose chip (per-device MSI domains,
+    ``PCI-MSIX-0000:3b:00.0``) or action name (``mlx5_comp1@pci:0000:3b:00.0``)
+    names a different function comes from another system: procfs and sysfs
+    roots that do not belong together (a capture's sysfs with the live /proc).
+    """
+    others = sorted(set(a.lower() for a in PCI_IN_TEXT.findall("%s %s" % (row["chip"], row["name"]))) - set([pci]))
+    if others:
+        raise TreeError(
+            "IRQ %d of PCI function %s (its msi_irqs) is %r (chip %s) in %s, which belongs to %s: procfs_path and "
+            "sysfs_path do not describe the same system" % (number, pci, row["name"], row["chip"] or "?", path, ", ".join(others)),
+            path=path, irq=number, value=row["name"], expected="an IRQ of %s" % pci,
+        )
 
 
 def read_nic(selector, procfs="/proc", sysfs="/sys", run=None, interrupts_text=None):
@@ -502,17 +623,24 @@ def read_nic(selector, procfs="/proc", sysfs="/sys", run=None, interrupts_text=N
     result["local_cpulist"] = read_cpulist(join(pci_dir, "local_cpulist"), default=[])
 
     numbers = sorted(int(n) for n in list_dir(join(pci_dir, "msi_irqs")) if n.isdigit())
+    msi = bool(numbers)
     if not numbers:
         legacy = read_int(join(pci_dir, "irq"))
         if legacy:
             numbers = [legacy]
             notes.append("PCI function %s has no MSI/MSI-X vectors; using its legacy IRQ %d" % (pci, legacy))
+    interrupts_path = join(procfs, "interrupts")
     if interrupts_text is None:
-        interrupts_text = read_raw(join(procfs, "interrupts")) or ""
-    parsed = parse_interrupts(interrupts_text, keys=[str(n) for n in numbers])
+        interrupts_text = read_raw(interrupts_path) or ""
+    try:
+        parsed = parse_interrupts(interrupts_text, keys=[str(n) for n in numbers])
+    except InterruptsError as exc:
+        raise TreeError("%s: %s" % (interrupts_path, exc), path=interrupts_path, **exc.details)
     entries = []
     for number in numbers:
         row = parsed["irqs"].get(str(number))
+        if row is not None and msi:
+            _check_owner(number, row, pci, interrupts_path)
         affinity, effective = read_irq_state(procfs, number)
         entries.append(
             {
@@ -521,6 +649,7 @@ def read_nic(selector, procfs="/proc", sysfs="/sys", run=None, interrupts_text=N
                 "chip": row["chip"] if row else "",
                 "affinity": affinity,
                 "effective_affinity": effective,
+                "managed": read_managed(sysfs, number),
                 "counts": per_cpu_counts(row, parsed["cpus"]) if row else {},
                 "total": row["total"] if row else 0,
             }
@@ -533,3 +662,45 @@ def read_nic(selector, procfs="/proc", sysfs="/sys", run=None, interrupts_text=N
     if not any(e["kind"] == "queue" for e in entries):
         notes.append("no queue IRQs recognised for driver %s among %d IRQs" % (driver, len(entries)))
     return result
+
+
+# --------------------------------------------------- CPU sets as strings ----
+
+# CPU sets that the facts also give as kernel-style CPU list strings ("0-1151",
+# as in the /proc and /sys files): (integer-list key, string key). On a
+# 1152-CPU machine before tuning every IRQ allows all CPUs, and integer lists
+# of the IRQs alone are ~150,000 JSON values that Ansible's exit-time scrubbing
+# walks one by one (benchmarks/nic_irq_facts_results.md).
+IRQ_CPU_SETS = (("affinity", "affinity_list"), ("effective_affinity", "effective_affinity_list"))
+NIC_CPU_SETS = (("local_cpulist", "local_cpus_list"),)
+TOPOLOGY_CPU_SETS = (("online", "online_list"), ("present", "present_list"), ("possible", "possible_list"),
+                     ("isolated", "isolated_list"), ("nohz_full", "nohz_full_list"),
+                     ("default_smp_affinity", "default_smp_affinity_list"))
+IRQ_AFFINITY_FORMATS = ("both", "string")
+
+
+def _add_strings(data, pairs, keep_integers=True):
+    for key, text_key in pairs:
+        if key in data:
+            value = data[key]
+            data[text_key] = None if value is None else format_cpulist(value)
+            if not keep_integers:
+                del data[key]
+
+
+def add_cpulist_strings(nic, topology=None, irq_affinity_format="both"):
+    """Add the string form of every CPU set of ``read_nic`` (and ``read_topology``) output, in place.
+
+    ``irq_affinity_format`` "both" keeps the integer lists; "string" drops the
+    per-IRQ ``affinity``/``effective_affinity`` integer lists (the part that
+    grows with IRQs x CPUs). NIC and topology integer lists are always kept.
+    """
+    if irq_affinity_format not in IRQ_AFFINITY_FORMATS:
+        raise NicError("irq_affinity_format %r is not one of %s" % (irq_affinity_format, ", ".join(IRQ_AFFINITY_FORMATS)),
+                       value=irq_affinity_format, expected="one of %s" % ", ".join(IRQ_AFFINITY_FORMATS))
+    for entry in nic.get("irqs", []):
+        _add_strings(entry, IRQ_CPU_SETS, keep_integers=irq_affinity_format == "both")
+    _add_strings(nic, NIC_CPU_SETS)
+    if topology is not None:
+        _add_strings(topology, TOPOLOGY_CPU_SETS)
+    return nic

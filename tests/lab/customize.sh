@@ -13,6 +13,8 @@ export DEBIAN_FRONTEND=noninteractive LC_ALL=C
 cat > /etc/network/interfaces <<'EOT'
 # gpunode lab guest. The data NIC (enp66s1 on gpu-node, ens4 on small-node)
 # is left unconfigured on purpose: tests configure it themselves.
+source /etc/network/interfaces.d/*
+
 auto lo
 iface lo inet loopback
 
@@ -20,6 +22,16 @@ allow-hotplug ens3
 iface ens3 inet static
     address 10.0.2.15/24
     gateway 10.0.2.2
+EOT
+# The open-nic shape's vmxnet3 (PCI slot 8 -> ens8), whose queue IRQs exist
+# only once the interface is opened: brought up at boot by ifupdown through
+# udev, as a user's host would. On shapes without that NIC this stanza is
+# never used.
+mkdir -p /etc/network/interfaces.d
+cat > /etc/network/interfaces.d/ens8 <<'EOT'
+allow-hotplug ens8
+iface ens8 inet static
+    address 192.168.77.2/24
 EOT
 echo 'nameserver 10.0.2.3' > /etc/resolv.conf
 
@@ -39,9 +51,38 @@ EOT
 chmod 0700 /root/.ssh
 chmod 0600 /root/.ssh/authorized_keys
 
-# Journal in memory only: less disk I/O under TCG, nothing to rotate.
-mkdir -p /etc/systemd/journald.conf.d
-printf '[Journal]\nStorage=volatile\n' > /etc/systemd/journald.conf.d/gpunode-lab.conf
+# Persistent journal: a test reads the previous boot with `journalctl -b -1`
+# (the boot unit's own log after a real reboot).
+mkdir -p /etc/systemd/journald.conf.d /var/log/journal
+printf '[Journal]\nStorage=persistent\n' > /etc/systemd/journald.conf.d/gpunode-lab.conf
+
+# Installed for later scenarios, not enabled: each scenario configures and
+# starts what it proves. `|| true` per unit: a name that a package does not
+# ship is not an error here, the list is checked by molecule/lab.
+for unit in slurmd.service slurmctld.service munge.service \
+        nfs-server.service nfs-kernel-server.service rpcbind.service rpcbind.socket \
+        nfs-client.target podman.socket podman-restart.service \
+        podman-auto-update.timer podman-clean-transient.service; do
+    systemctl disable "$unit" >/dev/null 2>&1 || true
+done
+
+# GRUB for the grub-boot shape: the BIOS core image is built here from the
+# guest's own GRUB modules (lab.py copies boot/grub-core.lnx out of the image).
+# The first grub.cfg is written by update-grub inside a booted guest (grub-probe
+# finds no root device in a chroot), see lab.py's grub snapshot step.
+mkdir -p /etc/default/grub.d
+cat > /etc/default/grub.d/gpunode-lab.cfg <<'EOT'
+# gpunode lab: serial console, no menu delay, root on the raw /dev/vda filesystem
+GRUB_TIMEOUT=0
+GRUB_TERMINAL=console
+GRUB_CMDLINE_LINUX_DEFAULT=""
+GRUB_CMDLINE_LINUX="console=ttyS0 mitigations=off"
+GRUB_DISABLE_OS_PROBER=true
+EOT
+grub-mkimage -O i386-pc -o /tmp/grub-core.img -p '(hd0)/boot/grub' \
+    biosdisk ext2 linux normal configfile search search_fs_uuid echo test part_msdos
+cat /usr/lib/grub/i386-pc/lnxboot.img /tmp/grub-core.img > /boot/grub-core.lnx
+rm -f /tmp/grub-core.img
 
 # A small initramfs: only what mounts /dev/vda. Unpacking and probing the
 # default "most" module set costs many seconds of emulated CPU at every boot.

@@ -51,7 +51,7 @@ HERE = Path(__file__).resolve().parent
 
 # Bump when the build procedure in this file changes in a way that changes
 # the image (packages.txt and customize.sh are hashed by content).
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
 SUITE = "bookworm"
 DISK_SIZE = "4G"
 
@@ -62,6 +62,21 @@ KVM_PROBE_TIMEOUT = int(os.environ.get("GPUNODE_LAB_KVM_PROBE_TIMEOUT", "90"))
 KEEP = int(os.environ.get("GPUNODE_LAB_KEEP", "3"))
 
 TAP_PREFIX = "glab"
+
+# enroot and pyxis source archives (see ../shared/LAB.md). Built on the host
+# and installed into the image when present; scenarios that need them skip
+# with a reason when they are absent.
+VENDOR = Path(os.environ.get("GPUNODE_LAB_VENDOR", str(HERE.parents[2] / "shared" / "vendor")))
+VENDOR_ARCHIVES = {"enroot": "enroot-4.1.2-src.tar.gz", "pyxis": "pyxis-0.24.0-src.tar.gz"}
+# Host packages for that build (Debian 12's glibc and libslurm match the guest's).
+VENDOR_BUILD_PACKAGES = {
+    "build-essential": "gcc",
+    "libbsd-dev": "/usr/include/bsd/string.h",
+    "libslurm-dev": "/usr/include/slurm/spank.h",
+    "squashfs-tools": "mksquashfs",
+    "busybox-static": "/bin/busybox",
+    "make": "make",
+}
 QEMU = "qemu-system-x86_64"
 
 # Host tools the lab needs: Debian package -> a command it provides.
@@ -133,7 +148,42 @@ SHAPES = {
             "irqbalance": False,
         },
     },
+    "open-nic": {
+        "description": "small-node plus a 4-queue vmxnet3 NIC (ens8, PCI 0000:00:08.0) whose "
+        "queue IRQs exist only once the interface is opened; ifupdown brings it up at boot "
+        "(allow-hotplug), as on a user's host; its user-mode network is cut off (restrict=on)",
+        "variant": "no-irqbalance",
+        "args": [
+            "-cpu", "Nehalem",
+            "-smp", "4,sockets=1,cores=4,threads=1",
+            "-m", "768",
+            "-netdev", "user,id=open0,restrict=on",
+            "-device", "vmxnet3,netdev=open0,bus=pci.0,addr=0x8",
+        ],
+        "queues": 2,
+        "vectors": 6,
+        "data_nic_bus": "bus=pci.0,addr=0x4",
+        "expect": {
+            "cpus": 4,
+            "numa_nodes": {0: "0-3"},
+            "data_nic": "ens4",
+            "data_nic_pci": "0000:00:04.0",
+            "data_nic_numa_node": -1,
+            "irqbalance": False,
+            "open_nic": "ens8",
+            "open_nic_pci": "0000:00:08.0",
+        },
+    },
 }
+
+# How a guest's kernel is loaded:
+#   direct: QEMU loads the image's vmlinuz/initrd with KERNEL_CMDLINE (+ kernel_args)
+#   grub:   QEMU loads GRUB's core image (lnxboot.img + core.img, built in the
+#           image from the guest's own GRUB), which reads the guest's
+#           /boot/grub/grub.cfg: kernel parameters come from /etc/default/grub
+#           and update-grub inside the guest, so a role that edits them is
+#           proven by a real reboot.
+BOOTS = ("direct", "grub")
 
 
 class LabError(Exception):
@@ -163,7 +213,8 @@ def run(argv, check=True, capture=False, **kw):
 def ensure_host_packages(packages=None) -> None:
     """apt-get install the host packages whose commands are missing."""
     wanted = packages or HOST_PACKAGES
-    missing = [pkg for pkg, cmd in wanted.items() if not shutil.which(cmd)]
+    missing = [pkg for pkg, cmd in wanted.items()
+               if not (os.path.exists(cmd) if cmd.startswith("/") else shutil.which(cmd))]
     if not missing:
         return
     if os.geteuid() != 0:
@@ -185,9 +236,9 @@ def require_root() -> None:
 # Image build and cache
 # --------------------------------------------------------------------------
 
-def read_packages() -> list[str]:
+def read_packages(name: str = "packages.txt") -> list[str]:
     pkgs = []
-    for line in (HERE / "packages.txt").read_text().splitlines():
+    for line in (HERE / name).read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
             pkgs.append(line)
@@ -250,11 +301,63 @@ def cache_key() -> tuple[str, dict]:
         "disk_size": DISK_SIZE,
         "variants": VARIANTS,
         "packages.txt": hashlib.sha256((HERE / "packages.txt").read_bytes()).hexdigest(),
+        "packages-apt.txt": hashlib.sha256((HERE / "packages-apt.txt").read_bytes()).hexdigest(),
         "customize.sh": hashlib.sha256((HERE / "customize.sh").read_bytes()).hexdigest(),
         "ssh_pubkey": hashlib.sha256(Path(f"{ssh_key()}.pub").read_bytes()).hexdigest(),
+        "vendor": vendor_archives(),
     }
     blob = json.dumps(inputs, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16], inputs
+
+
+def vendor_archives() -> dict:
+    """{name: sha256} of the enroot/pyxis archives that are present and match SHA256SUMS."""
+    sums = {}
+    with contextlib.suppress(OSError):
+        for line in (VENDOR / "SHA256SUMS").read_text().splitlines():
+            words = line.split()
+            if len(words) == 2:
+                sums[words[1].lstrip("*")] = words[0]
+    found = {}
+    for name, archive in VENDOR_ARCHIVES.items():
+        path = VENDOR / archive
+        if not path.is_file():
+            continue
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if sums.get(archive) != digest:
+            raise LabError(f"{path}: sha256 {digest} does not match {VENDOR / 'SHA256SUMS'}")
+        found[name] = digest
+    return found
+
+
+def build_vendor(rootfs: Path, step) -> dict:
+    """Build enroot and pyxis on the host (glibc, no musl submodules) into rootfs.
+
+    The recipe is the one ../shared/LAB.md records. Returns what was installed.
+    """
+    found = vendor_archives()
+    if not found:
+        log(f"no enroot/pyxis archives in {VENDOR}: the image has neither")
+        return {}
+    ensure_host_packages(VENDOR_BUILD_PACKAGES)
+    installed = {}
+    with tempfile.TemporaryDirectory(prefix="gpunode-vendor-") as tmp:
+        for name in found:
+            step(["tar", "-xzf", str(VENDOR / VENDOR_ARCHIVES[name]), "-C", tmp])
+        if "enroot" in found:
+            src = next(Path(tmp).glob("enroot-*"))
+            env = dict(os.environ, CPPFLAGS="-D_GNU_SOURCE= -include bsd/string.h")
+            common = ["make", "-C", str(src), "FORCE_GLIBC=1", "DEPS=", "prefix=", "exec_prefix=/usr",
+                      "datarootdir=/usr/share", "-o", "deps"]
+            step(common, env=env)
+            step([*common, "install", f"DESTDIR={rootfs}"], env=env)
+            installed["enroot"] = "/usr/bin/enroot"
+        if "pyxis" in found:
+            src = next(Path(tmp).glob("pyxis-*"))
+            step(["make", "-C", str(src)])
+            step(["make", "-C", str(src), "install", f"DESTDIR={rootfs}"])
+            installed["pyxis"] = "/usr/local/lib/slurm/spank_pyxis.so"
+    return installed
 
 
 def image_dir(key: str) -> Path:
@@ -360,7 +463,23 @@ def _build_into(out: Path, key: str, inputs: dict) -> None:
     policy.chmod(0o755)
     run(["mount", "-t", "proc", "proc", str(rootfs / "proc")])
     try:
+        apt_pkgs = read_packages("packages-apt.txt")
+        if apt_pkgs:
+            # apt's archive cache is the build cache, so a rebuild downloads nothing new.
+            archives = rootfs / "var" / "cache" / "apt" / "archives"
+            archives.mkdir(parents=True, exist_ok=True)
+            run(["mount", "--bind", str(debs), str(archives)])
+            try:
+                env = dict(os.environ, DEBIAN_FRONTEND="noninteractive", LC_ALL="C")
+                step(["chroot", str(rootfs), "apt-get", "update", "-qq"], env=env)
+                step(["chroot", str(rootfs), "apt-get", "install", "-y", "-q", "--no-install-recommends", *apt_pkgs],
+                     env=env)
+            finally:
+                run(["umount", str(archives)], check=False)
+            log(f"apt-get install of {len(apt_pkgs)} packages done after {time.monotonic() - t0:.0f}s")
         step(["chroot", str(rootfs), "/bin/sh", "/tmp/customize.sh"])
+        vendor = build_vendor(rootfs, step)
+        shutil.copyfile(rootfs / "boot" / "grub-core.lnx", out / "grub-core.lnx")
         kernels = sorted((rootfs / "boot").glob("vmlinuz-*"))
         if len(kernels) != 1:
             raise LabError(f"expected one kernel in the image, found {kernels}")
@@ -404,6 +523,7 @@ def _build_into(out: Path, key: str, inputs: dict) -> None:
         "mirror": mirror,
         "kernel": kver,
         "variants": variants,
+        "vendor": vendor,
         "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "build_seconds": round(time.monotonic() - t0),
     }
@@ -440,8 +560,10 @@ def tap_name(name: str) -> str:
     return TAP_PREFIX + hashlib.sha256(f"{STATE}/{name}".encode()).hexdigest()[:8]
 
 
-def mac(name: str, nic: int) -> str:
-    h = hashlib.sha256(name.encode()).digest()
+def mac(shape: str, nic: int) -> str:
+    """Per shape, not per guest: a restored guest must have the saved MACs.
+    Guests never share a network (each has its own slirp and tap)."""
+    h = hashlib.sha256(shape.encode()).digest()
     return f"52:54:00:{h[0]:02x}:{h[1]:02x}:{nic:02x}"
 
 
@@ -509,13 +631,20 @@ def console_tail(name: str, lines: int = 60) -> str:
     return f"---- last {len(tail)} lines of {path} ----\n" + "\n".join(tail) + "\n---- end of console log ----"
 
 
-def qemu_argv(name: str, shape: str, port: int, image: Path, accel: str, hostname: str,
-              kernel_args: str = "") -> list[str]:
+def qemu_argv(name: str, shape: str, port: int, image: Path, accel: str,
+              kernel_args: str = "", boot: str = "direct", incoming: Path | None = None) -> list[str]:
+    """QEMU's command line. Apart from the instance paths, the tap name and the
+    SSH port, it depends only on (shape, image, accel, kernel_args, boot), so a
+    saved state of that key restores into any instance (see saved_state)."""
     d = inst_dir(name)
     spec = SHAPES[shape]
     tap = tap_name(name)
-    append = f"{KERNEL_CMDLINE} systemd.hostname={hostname}" + (f" {kernel_args}" if kernel_args else "")
     accel_arg = "kvm" if accel == "kvm" else "tcg,thread=multi"
+    if boot == "grub":
+        kernel = ["-kernel", str(image / "grub-core.lnx")]
+    else:
+        append = KERNEL_CMDLINE + (f" {kernel_args}" if kernel_args else "")
+        kernel = ["-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"), "-append", append]
     return [
         QEMU,
         "-name", f"gpunode-lab-{name}",
@@ -524,21 +653,70 @@ def qemu_argv(name: str, shape: str, port: int, image: Path, accel: str, hostnam
         "-nodefaults", "-no-user-config",
         "-display", "none",
         *spec["args"],
-        "-kernel", str(image / "vmlinuz"),
-        "-initrd", str(image / "initrd.img"),
-        "-append", append,
+        *kernel,
         "-drive", f"file={d / 'disk.qcow2'},if=none,id=d0,format=qcow2,cache=unsafe",
         "-device", "virtio-blk-pci,drive=d0,bus=pci.0,addr=0x5",
         "-netdev", f"user,id=mgmt,hostfwd=tcp:127.0.0.1:{port}-:22",
-        "-device", f"virtio-net-pci,netdev=mgmt,mac={mac(name, 1)},bus=pci.0,addr=0x3",
+        "-device", f"virtio-net-pci,netdev=mgmt,mac={mac(shape, 1)},bus=pci.0,addr=0x3",
         "-netdev", f"tap,id=data,ifname={tap},script=no,downscript=no,queues={spec['queues']}",
         "-device", f"virtio-net-pci,netdev=data,mq=on,vectors={spec['vectors']},"
-                   f"mac={mac(name, 2)},{spec['data_nic_bus']}",
+                   f"mac={mac(shape, 2)},{spec['data_nic_bus']}",
         "-serial", f"file:{d / 'console.log'}",
         "-monitor", f"unix:{d / 'monitor.sock'},server=on,wait=off",
         "-pidfile", str(d / "qemu.pid"),
+        *(["-incoming", f"exec:cat {shlex.quote(str(incoming))}"] if incoming else []),
         "-daemonize",
     ]
+
+
+def normalized_argv(argv: list[str], name: str, port: int) -> list[str]:
+    """argv with what differs between instances replaced by placeholders."""
+    d, tap = str(inst_dir(name)), tap_name(name)
+    out = []
+    for arg in argv:
+        if arg.startswith("exec:cat "):
+            continue
+        arg = arg.replace(d, "@DIR@").replace(tap, "@TAP@").replace(f"127.0.0.1:{port}-", "127.0.0.1:@PORT@-")
+        out.append(arg.replace(f"gpunode-lab-{name}", "gpunode-lab-@NAME@"))
+    return [a for a in out if a != "-incoming"]
+
+
+def hmp(sock: Path, command: str, timeout: float = 30.0) -> str:
+    """One HMP monitor command over QEMU's unix socket; returns its output."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(sock))
+        buf = b""
+        while not buf.endswith(b"(qemu) "):
+            chunk = s.recv(65536)
+            if not chunk:
+                raise LabError(f"monitor {sock} closed")
+            buf += chunk
+        s.sendall(command.encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"(qemu) "):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", buf.decode(errors="replace")).replace("\r", "")
+    lines = text.splitlines()
+    # The monitor echoes the command line first and ends with the next prompt.
+    return "\n".join(line for line in lines[1:] if line.strip() != "(qemu)").strip()
+
+
+def wait_migration(sock: Path, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        out = hmp(sock, "info migrate")
+        status = re.search(r"Migration status: (\S+)", out)
+        if status and status.group(1) == "completed":
+            return
+        if status and status.group(1) in ("failed", "cancelled"):
+            raise LabError(f"{what}: migration {status.group(1)}:\n{out}")
+        if time.monotonic() > deadline:
+            raise LabError(f"{what}: migration not completed within {timeout:.0f}s:\n{out}")
+        time.sleep(0.2)
 
 
 def ssh_base(port: int, key: Path) -> list[str]:
@@ -561,7 +739,7 @@ def ssh_banner(port: int, timeout: float = 5.0) -> bool:
         return False
 
 
-def wait_for_ssh(name: str, inst: dict, deadline: float) -> None:
+def wait_for_ssh(name: str, inst: dict, deadline: float, poll: float = 2.0) -> None:
     key = Path(inst["identity_file"])
     while True:
         if not pid_alive(inst["pid"]):
@@ -577,7 +755,7 @@ def wait_for_ssh(name: str, inst: dict, deadline: float) -> None:
                 pass
         if time.monotonic() > deadline:
             raise LabError(f"guest {name}: no SSH on 127.0.0.1:{inst['port']} within the boot timeout\n{console_tail(name)}")
-        time.sleep(2)
+        time.sleep(poll)
     # Let the boot finish (irqbalance, networking) so tests see a settled guest.
     remaining = max(int(deadline - time.monotonic()), 10)
     try:
@@ -596,14 +774,22 @@ def wait_for_ssh(name: str, inst: dict, deadline: float) -> None:
 
 
 def start_qemu(name: str, shape: str, port: int, image: Path, accel: str, hostname: str,
-               kernel_args: str = "") -> dict:
+               kernel_args: str = "", boot: str = "direct", state: Path | None = None) -> dict:
+    """Start QEMU for an instance: a cold boot, or (state given) a restore of a saved state."""
     d = inst_dir(name)
     variant = SHAPES[shape]["variant"]
-    base = image / f"{variant}.img"
     for f in ("disk.qcow2", "console.log", "qemu.pid", "monitor.sock"):
         (d / f).unlink(missing_ok=True)
-    run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(base), str(d / "disk.qcow2")], capture=True)
-    argv = qemu_argv(name, shape, port, image, accel, hostname, kernel_args)
+    if state:
+        backing, fmt = state / "disk.qcow2", "qcow2"
+    else:
+        backing, fmt = image / f"{variant}.img", "raw"
+    run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", fmt, "-b", str(backing), str(d / "disk.qcow2")], capture=True)
+    argv = qemu_argv(name, shape, port, image, accel, kernel_args, boot, incoming=state / "state.bin" if state else None)
+    if state:
+        saved = json.loads((state / "manifest.json").read_text())["argv"]
+        if normalized_argv(argv, name, port) != saved:
+            raise LabError(f"saved state {state} was taken with another QEMU command line; remove it to re-save")
     (d / "qemu.argv").write_text(shlex.join(argv) + "\n")
     res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     if res.returncode != 0:
@@ -614,11 +800,17 @@ def start_qemu(name: str, shape: str, port: int, image: Path, accel: str, hostna
     # the host sends nothing into it.
     run(["ip", "link", "set", "dev", tap, "addrgenmode", "none"], capture=True)
     run(["ip", "link", "set", "dev", tap, "up"], capture=True)
+    if state:
+        # The saved machine was stopped; run it once the incoming stream is in.
+        wait_migration(d / "monitor.sock", 120, f"guest {name}: restore of {state}")
+        hmp(d / "monitor.sock", "cont")
     inst = {
         "name": name,
         "shape": shape,
         "hostname": hostname,
         "kernel_args": kernel_args,
+        "boot": boot,
+        "restored_from": str(state) if state else None,
         "address": "127.0.0.1",
         "port": port,
         "user": "root",
@@ -639,9 +831,17 @@ def start_qemu(name: str, shape: str, port: int, image: Path, accel: str, hostna
 
 
 def kvm_usable(image: Path) -> bool:
-    """Opt-in KVM: only if /dev/kvm exists and a probe guest boots (cached per host+image)."""
-    if not os.path.exists("/dev/kvm"):
+    """Opt-in KVM: only if /dev/kvm is hardware KVM and a probe guest boots (cached per host+image).
+
+    kvm-pvm (a software hypervisor that runs a stock kernel at about 0.5 MIPS)
+    and a CPU without vmx/svm are refused without a probe boot.
+    """
+    if not os.path.exists("/dev/kvm") or os.path.exists("/sys/module/kvm_pvm"):
         return False
+    with contextlib.suppress(OSError):
+        flags = re.findall(r"(?m)^flags\s*:.*$", Path("/proc/cpuinfo").read_text())
+        if flags and not re.search(r"\b(vmx|svm)\b", flags[0]):
+            return False
     probe_file = STATE / f"kvm-probe-{image.name}-{os.uname().release}.json"
     if probe_file.exists():
         return json.loads(probe_file.read_text())["ok"]
@@ -649,7 +849,7 @@ def kvm_usable(image: Path) -> bool:
     log(f"probing KVM with a guest boot (up to {KVM_PROBE_TIMEOUT}s)")
     ok = False
     try:
-        up(name, "small-node", free_port(), accel="kvm", timeout=KVM_PROBE_TIMEOUT, probe=True)
+        up(name, "small-node", free_port(), accel="kvm", timeout=KVM_PROBE_TIMEOUT, probe=True, cold=True)
         ok = True
     except LabError as exc:
         log(f"KVM probe failed, using TCG: {str(exc).splitlines()[0]}")
@@ -659,26 +859,147 @@ def kvm_usable(image: Path) -> bool:
     return ok
 
 
+def state_key(shape: str, accel: str, kernel_args: str, boot: str) -> str:
+    return f"{shape}-{accel}-{boot}-" + hashlib.sha256(kernel_args.encode()).hexdigest()[:8]
+
+
+def qemu_version() -> str:
+    return run([QEMU, "--version"], capture=True).stdout.splitlines()[0].strip()
+
+
+def guest_ssh(inst: dict, command: str, timeout: int = 120, check: bool = True) -> subprocess.CompletedProcess:
+    res = subprocess.run([*ssh_base(inst["port"], Path(inst["identity_file"])), command],
+                         capture_output=True, text=True, timeout=timeout, check=False)
+    if check and res.returncode != 0:
+        raise LabError(f"guest {inst['name']}: {command!r} -> rc {res.returncode}\n{res.stdout}{res.stderr}")
+    return res
+
+
+def saved_state(image: Path, shape: str, accel: str, kernel_args: str, boot: str, timeout: int) -> Path:
+    """The saved booted state for this key, booting and saving it once if needed.
+
+    Cached beside the image (a new image generation or QEMU version gets new
+    states): <image>/states/<key>/{state.bin, disk.qcow2, manifest.json}. Saved
+    right after a cold boot settled, with the neutral hostname gpunode-lab and
+    no SSH session open (slirp connections are not migrated).
+    """
+    key = state_key(shape, accel, kernel_args, boot)
+    final = image / "states" / key
+    version = qemu_version()
+    if (final / "manifest.json").exists():
+        if json.loads((final / "manifest.json").read_text()).get("qemu") == version:
+            return final
+    with locked(image / "states" / f".{key}.lock"):
+        if (final / "manifest.json").exists():
+            if json.loads((final / "manifest.json").read_text()).get("qemu") == version:
+                return final
+            shutil.rmtree(final)
+        name = f"save-{key}"[:63]
+        t0 = time.monotonic()
+        port = free_port()
+        log(f"saving a booted {shape} ({boot} boot{', ' + kernel_args if kernel_args else ''}): cold boot of {name}")
+        try:
+            inst = up(name, shape, port, accel=accel, timeout=timeout, hostname="gpunode-lab",
+                      kernel_args=kernel_args, boot="direct" if boot == "grub" else boot, cold=True)
+            if boot == "grub":
+                _switch_to_grub(inst, image, kernel_args, timeout)
+            d = inst_dir(name)
+            sock = d / "monitor.sock"
+            hmp(sock, "migrate_set_parameter max-bandwidth 20G")
+            hmp(sock, "stop")
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=image / "states"))
+            hmp(sock, f'migrate "exec:cat > {tmp / "state.bin"}"')
+            wait_migration(sock, 300, f"save of {name}")
+            argv = normalized_argv(shlex.split((d / "qemu.argv").read_text()), name, port)
+            kill_pid(read_pid(d) or 0, str(d / "qemu.pid"))
+            # QEMU flushed the overlay at the end of the migration; it is the
+            # saved disk (a few MiB over the image, which it names as backing file).
+            shutil.copyfile(d / "disk.qcow2", tmp / "disk.qcow2")
+            (tmp / "manifest.json").write_text(json.dumps({
+                "key": key, "shape": shape, "accel": accel, "kernel_args": kernel_args, "boot": boot,
+                "qemu": version, "argv": argv,
+                "saved": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "seconds": round(time.monotonic() - t0, 1),
+            }, indent=2) + "\n")
+            os.rename(tmp, final)
+        finally:
+            down(name)
+            for stale in (image / "states").glob(f".tmp-{key}-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+        log(f"saved {final} in {time.monotonic() - t0:.0f}s")
+    return final
+
+
+def _switch_to_grub(inst: dict, image: Path, kernel_args: str, timeout: int) -> None:
+    """First GRUB boot: write grub.cfg with update-grub in the directly booted
+    guest (grub-probe finds no root device in a chroot), power off, and start
+    the same disk through GRUB's core image."""
+    name = inst["name"]
+    extra = f' {kernel_args}' if kernel_args else ""
+    guest_ssh(inst, "sed -i 's|^GRUB_CMDLINE_LINUX=.*|GRUB_CMDLINE_LINUX=\"console=ttyS0 mitigations=off"
+              + extra + "\"|' /etc/default/grub.d/gpunode-lab.cfg && update-grub 2>&1 && sync", timeout=300)
+    guest_ssh(inst, "systemd-run --on-active=1 systemctl poweroff", check=False)
+    d = inst_dir(name)
+    deadline = time.monotonic() + timeout
+    while pid_alive(inst["pid"], str(d / "qemu.pid")):
+        if time.monotonic() > deadline:
+            raise LabError(f"guest {name}: did not power off\n{console_tail(name)}")
+        time.sleep(1)
+    argv = qemu_argv(name, inst["shape"], inst["port"], image, inst["accel"], kernel_args, "grub")
+    (d / "qemu.argv").write_text(shlex.join(argv) + "\n")
+    (d / "qemu.pid").unlink(missing_ok=True)
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if res.returncode != 0:
+        raise LabError(f"guest {name}: QEMU (GRUB boot) did not start:\n{res.stderr}")
+    inst["pid"] = read_pid(d)
+    run(["ip", "link", "set", "dev", inst["tap"], "addrgenmode", "none"], capture=True)
+    run(["ip", "link", "set", "dev", inst["tap"], "up"], capture=True)
+    wait_for_ssh(name, inst, deadline)
+    cmdline = guest_ssh(inst, "cat /proc/cmdline").stdout
+    if "BOOT_IMAGE=" not in cmdline:
+        raise LabError(f"guest {name}: not booted through GRUB: /proc/cmdline = {cmdline!r}")
+
+
+def personalize(inst: dict, hostname: str) -> None:
+    """What every clone of a saved state shares and must not: hostname and clock.
+
+    The guest clock restarts at the save instant (the image has no NTP);
+    /etc/hostname makes the name survive a reboot.
+    """
+    guest_ssh(inst, f"date -s @{time.time():.3f} >/dev/null && hostname {shlex.quote(hostname)} && "
+                    f"echo {shlex.quote(hostname)} > /etc/hostname")
+
+
 def up(name: str, shape: str, port: int | None, accel: str | None = None,
        timeout: int | None = None, hostname: str | None = None, probe: bool = False,
-       kernel_args: str = "") -> dict:
+       kernel_args: str = "", boot: str = "direct", cold: bool = False) -> dict:
+    """Start a guest and wait for SSH: restored from the shape's saved booted
+    state (saved once per image, shape, kernel_args and boot), or booted cold."""
     require_root()
     if shape not in SHAPES:
         raise LabError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    if boot not in BOOTS:
+        raise LabError(f"unknown boot {boot!r}; known: {', '.join(BOOTS)}")
     if not re.fullmatch(r"[A-Za-z0-9_.,=:/ -]*", kernel_args or ""):
         raise LabError(f"kernel_args {kernel_args!r}: expected space-separated kernel parameters such as 'isolcpus=2 nohz_full=3'")
+    hostname = hostname or name
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}", hostname):
+        raise LabError(f"hostname {hostname!r}: expected letters, digits and '-'")
     ensure_host_packages({k: v for k, v in HOST_PACKAGES.items() if k != "debootstrap"})
     image = current_image()
-    d = inst_dir(name)
-    if d.exists():
-        log(f"instance {name} exists; replacing it")
-        down(name)
     if accel is None:
         accel = os.environ.get("GPUNODE_LAB_ACCEL", "tcg")
     if accel not in ("tcg", "kvm"):
         raise LabError(f"GPUNODE_LAB_ACCEL must be tcg or kvm, not {accel!r}")
     if accel == "kvm" and not probe and not kvm_usable(image):
         accel = "tcg"
+    state = None
+    if not cold:
+        state = saved_state(image, shape, accel, kernel_args or "", boot, timeout or BOOT_TIMEOUT)
+    d = inst_dir(name)
+    if d.exists():
+        log(f"instance {name} exists; replacing it")
+        down(name)
     port = port or free_port()
     if not port_free(port):
         raise LabError(f"127.0.0.1:{port} is in use; pick another --port")
@@ -687,10 +1008,12 @@ def up(name: str, shape: str, port: int | None, accel: str | None = None,
     d.mkdir(mode=0o700)
     t0 = time.monotonic()
     deadline = t0 + (timeout or BOOT_TIMEOUT)
-    log(f"booting {name} ({shape}, {accel}) ssh 127.0.0.1:{port}, tap {tap_name(name)}")
+    how = f"restoring {state.name}" if state else f"booting ({boot})"
+    log(f"{how}: {name} ({shape}, {accel}) ssh 127.0.0.1:{port}, tap {tap_name(name)}")
     try:
-        inst = start_qemu(name, shape, port, image, accel, hostname or name, kernel_args or "")
-        wait_for_ssh(name, inst, deadline)
+        inst = start_qemu(name, shape, port, image, accel, hostname, kernel_args or "", boot, state)
+        wait_for_ssh(name, inst, deadline, poll=0.3 if state else 2.0)
+        personalize(inst, hostname)
     except BaseException:
         if not probe:
             with contextlib.suppress(Exception):
@@ -816,7 +1139,7 @@ def cmd_build(args) -> int:
 
 def cmd_up(args) -> int:
     inst = up(args.name, args.shape, args.port, accel=args.accel, timeout=args.timeout, hostname=args.hostname,
-              kernel_args=args.kernel_args)
+              kernel_args=args.kernel_args, boot=args.boot, cold=args.cold)
     print(json.dumps(inst))
     return 0
 
@@ -899,7 +1222,12 @@ def main(argv=None) -> int:
     u.add_argument("--hostname", help="guest hostname (default: the name)")
     u.add_argument("--timeout", type=int, help=f"boot timeout in s (default {BOOT_TIMEOUT})")
     u.add_argument("--accel", choices=["tcg", "kvm"], help="default: $GPUNODE_LAB_ACCEL or tcg")
-    u.add_argument("--kernel-args", default="", help="extra kernel parameters, e.g. 'isolcpus=2 nohz_full=3'")
+    u.add_argument("--kernel-args", default="", help="extra kernel parameters, e.g. 'isolcpus=2 nohz_full=3' "
+                   "(with --boot grub: the first GRUB_CMDLINE_LINUX)")
+    u.add_argument("--boot", default="direct", choices=BOOTS,
+                   help="direct: QEMU loads the kernel; grub: the guest's own GRUB and grub.cfg")
+    u.add_argument("--cold", action="store_true",
+                   help="boot from scratch instead of restoring the saved booted state")
     u.set_defaults(func=cmd_up)
 
     d = sub.add_parser("down", help="stop guests, remove taps and overlays (idempotent)")
