@@ -1,0 +1,376 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: nic_irq_persist
+short_description: Pin a NIC's queue IRQs, keep them pinned across boots, rebinds and late interface opens, and verify
+version_added: 0.2.0
+description:
+  - One module run that does what the M(gpunode.tuning.nic_irq_affinity) module does (find the NIC from the PCI
+    function on every run, plan, pin) and installs and verifies the persistence, so a converged node costs one
+    module run instead of one per file and probe.
+  - "Persistence (O(persist)): the collection's own module_utils (the import closure of the boot-time entry point,
+    taken from this module's own payload, with a manifest of what was installed) under O(lib_dir); a small entry
+    point O(entry_point); the desired state O(state_file), which names the NIC by its PCI address (never an IRQ number
+    or an interface name); a systemd oneshot unit run at boot; a udev rule on the PCI path that re-runs it when the
+    function is added again; an if-up hook for each network stack present (ifupdown C(/etc/network/if-up.d),
+    NetworkManager C(dispatcher.d), networkd-dispatcher C(routable.d)) that re-runs it when the interface comes up;
+    and a quiet re-check timer for queue-count changes, which send no event."
+  - Many drivers (ena, ixgbe, i40e, ice, bnxt_en, e1000e, vmxnet3, and mlx5 since completion EQs are created on first
+    use) request their queue IRQs only when the interface is opened. The boot unit waits for them (bounded), and the
+    if-up hook pins them when the interface comes up later. Only the ifupdown hook is proven in this project's lab.
+  - Every file is compared by content, mode and root ownership; only files that differ are written, atomically (a
+    temporary file in the same directory, fsync, rename), and a failed write puts back every file written before it.
+    Pruning and O(state=absent) remove only files the collection installed (the library by its manifest), never other
+    content of a shared O(lib_dir).
+  - After pinning, every queue IRQ's C(smp_affinity_list) is read back and compared with the plan (O(verify)).
+    Kernel-managed IRQs (V(unchangeable)) are left out of the comparison and named in RV(unchangeable).
+  - On a captured or generated tree (O(procfs_path)/O(sysfs_path) not the live ones), the files go under that tree's
+    root and no command (systemctl, udevadm) runs; the systemd actions are reported as they would be.
+author:
+  - gpunode.tuning contributors (@gpunode)
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Returns the per-IRQ plan, every file that would be created, updated or removed (with the reason) and the
+      systemd actions it would take, and writes nothing.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: full
+    details: The IRQ table, and before/after of every file that differs (library sources by name only).
+extends_documentation_fragment:
+  - gpunode.tuning.nic_selector
+options:
+  state:
+    description:
+      - V(present) pins and installs; V(absent) stops and disables the units, removes every file the collection
+        installed, and leaves the IRQs where they are.
+    type: str
+    choices: [present, absent]
+    default: present
+  cpus:
+    description: Explicit target CPUs, as in M(gpunode.tuning.nic_irq_affinity). Mutually exclusive with O(count).
+    type: raw
+  count:
+    description: Policy - how many CPUs, as in M(gpunode.tuning.nic_irq_affinity).
+    type: int
+  exclude_cpus:
+    description: Policy - CPUs never to use, as in M(gpunode.tuning.nic_irq_affinity).
+    type: raw
+  numa_local:
+    description: Policy - prefer CPUs of the NIC's NUMA node.
+    type: bool
+    default: true
+  whole_cores:
+    description: Policy - whole SMT sibling groups only.
+    type: bool
+    default: true
+  allow_irqbalance:
+    description: Pin although irqbalance is active (it is then expected to ban these CPUs and IRQs).
+    type: bool
+    default: false
+  strict:
+    description: Fail instead of warning when the plan cannot be met exactly or a write is refused.
+    type: bool
+    default: false
+  persist:
+    description: Install (and compare) the persistence. V(false) pins for the running kernel only.
+    type: bool
+    default: true
+  verify:
+    description: Read every queue IRQ back after pinning and fail when one is not where the plan put it.
+    type: bool
+    default: true
+  recheck_interval:
+    description:
+      - systemd time span between re-checks by the timer (C(30s), C(5min), C(1h)). Empty removes the timer.
+    type: str
+    default: 5min
+  state_file:
+    description: The desired state on the node (JSON).
+    type: path
+    default: /etc/gpunode/nic-irq-affinity.json
+  lib_dir:
+    description: Where the library is installed. May be shared; only the collection's files are ever removed.
+    type: path
+    default: /usr/local/lib/gpunode-tuning
+  entry_point:
+    description: The boot-time entry point.
+    type: path
+    default: /usr/local/sbin/gpunode-nic-irq-pin
+  python:
+    description: Python (3.9 or later) on the node that runs the entry point.
+    type: path
+    default: /usr/bin/python3
+  timeout:
+    description: TimeoutStartSec of the units, in seconds (1-3600).
+    type: int
+    default: 30
+notes:
+  - The desired state keeps the selector's result, the PCI address, so the boot-time run finds the NIC again after
+    renames and IRQ renumbering.
+seealso:
+  - module: gpunode.tuning.nic_irq_affinity
+  - module: gpunode.tuning.nic_irq_facts
+"""
+
+EXAMPLES = r"""
+- name: Pin the storage NIC's queue IRQs to 4 NUMA-local CPUs and keep them there
+  gpunode.tuning.nic_irq_persist:
+    pci_address: "0000:42:01.0"
+    count: 4
+    recheck_interval: 5min
+
+- name: Drift report only
+  gpunode.tuning.nic_irq_persist:
+    interface: enp66s1
+    count: 4
+  check_mode: true
+  diff: true
+
+- name: Remove the persistence (the IRQs stay where they are)
+  gpunode.tuning.nic_irq_persist:
+    state: absent
+"""
+
+RETURN = r"""
+interface:
+  description: The selected interface.
+  returned: state=present
+  type: str
+pci_address:
+  description: Its PCI function, as stored in the desired state.
+  returned: state=present
+  type: str
+cpulist:
+  description: The target CPUs.
+  returned: state=present
+  type: str
+  sample: "4-7"
+irqs:
+  description: Every IRQ of the NIC with its plan and outcome, as M(gpunode.tuning.nic_irq_affinity) returns them.
+  returned: state=present
+  type: list
+  elements: dict
+drift:
+  description: The queue IRQs that differed from the plan, as C(IRQ NAME, BEFORE -> AFTER).
+  returned: state=present
+  type: list
+  elements: str
+files:
+  description: Every file compared, with C(action) (V(create), V(update), V(remove), V(unchanged)) and C(reason).
+  returned: always
+  type: list
+  elements: dict
+systemd:
+  description: The systemd and udev actions taken (or, in check mode or on a captured tree, that would be taken).
+  returned: always
+  type: list
+  elements: str
+verified:
+  description: Whether the read-back matched the plan (null when not verified).
+  returned: state=present
+  type: bool
+unchangeable:
+  description: Kernel-managed queue IRQs the kernel does not let anyone pin, left out of the verification.
+  returned: state=present
+  type: list
+  elements: str
+effective_lagging:
+  description: Queue IRQs whose effective affinity has not followed yet (it moves at the next interrupt).
+  returned: state=present
+  type: list
+  elements: str
+irqbalance:
+  description: irqbalance as seen before planning.
+  returned: state=present
+  type: dict
+"""
+
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
+    DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, root_of, run_desired_state, stored_desired_state, verify_pins)
+# Imported so that AnsiballZ ships the entry point's whole import closure, which is installed from this payload.
+from ansible_collections.gpunode.tuning.plugins.module_utils._irq_pin_cli import main as _entry_point_main  # noqa: F401
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
+from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
+    PKG_DIR, RECHECK_UNIT, TIMER, UDEV_RULE, UNIT, UNIT_DIR, PersistError, apply_files, installed_library, owned_paths,
+    plan_files, render, rooted)
+
+ARGUMENT_SPEC = dict(
+    SELECTOR_ARGUMENT_SPEC,
+    state=dict(type="str", choices=["present", "absent"], default="present"),
+    persist=dict(type="bool", default=True),
+    verify=dict(type="bool", default=True),
+    recheck_interval=dict(type="str", default="5min"),
+    state_file=dict(type="path", default="/etc/gpunode/nic-irq-affinity.json"),
+    lib_dir=dict(type="path", default="/usr/local/lib/gpunode-tuning"),
+    entry_point=dict(type="path", default="/usr/local/sbin/gpunode-nic-irq-pin"),
+    python=dict(type="path", default="/usr/bin/python3"),
+    timeout=dict(type="int", default=30),
+    **PIN_ARGUMENT_SPEC
+)
+# systemd.time(7) spans as the timer takes them: "30s", "5min", "1h 30min", "2d".
+_TIMESPAN = re.compile(r"^(?:\d+\s*(?:us|ms|s|sec|m|min|h|hr|d|w)\s*)+$")
+SETTINGS = ("state_file", "lib_dir", "entry_point", "python", "timeout", "recheck_interval")
+
+
+def _validate(module, params):
+    interval = params["recheck_interval"]
+    if interval and not _TIMESPAN.match(interval.strip()):
+        module.fail_json(msg="recheck_interval %r: expected a systemd time span such as 30s, 5min or 1h (empty: no timer)"
+                         % interval, option="recheck_interval", value=interval)
+    if not 1 <= params["timeout"] <= 3600:
+        module.fail_json(msg="timeout %r: expected seconds from 1 to 3600" % params["timeout"], option="timeout",
+                         value=params["timeout"])
+    for key in ("state_file", "lib_dir", "entry_point", "python"):
+        value = params[key]
+        if not value or not os.path.isabs(value) or any(c in value for c in "\n\"'$`\\ ") or value.rstrip("/") == "":
+            module.fail_json(msg="%s %r: expected an absolute path without spaces, quotes or shell characters"
+                             % (key, value), option=key, value=value)
+    lib = params["lib_dir"].rstrip("/")
+    if lib in ("/usr", "/usr/local", "/usr/lib", "/usr/local/lib", "/etc", "/opt", "/var", "/var/lib"):
+        module.fail_json(msg="lib_dir %r: expected a directory of its own (for example /usr/local/lib/gpunode-tuning), "
+                         "not a system directory" % params["lib_dir"], option="lib_dir", value=params["lib_dir"])
+
+
+class Systemd(object):
+    """systemctl/udevadm through the module's runner; on a captured tree (runner None) only records."""
+
+    def __init__(self, module, live, check):
+        self.module, self.live, self.check, self.actions = module, live, check, []
+
+    def query(self, *argv):
+        if not self.live:
+            return None
+        rc, out, _err = self.module.run_command(["systemctl"] + list(argv), environ_update={"LC_ALL": "C"})
+        return out.strip() if rc in (0, 1, 3, 4) else None
+
+    def do(self, argv, label):
+        if self.check or not self.live:
+            self.actions.append(label + ("" if self.live else " (captured tree: not run)"))
+            return
+        rc, out, err = self.module.run_command(argv, environ_update={"LC_ALL": "C"})
+        if rc != 0:
+            raise PersistError("%s failed (rc %d): %s" % (" ".join(argv), rc, (err or out).strip()), command=argv)
+        self.actions.append(label)
+
+
+def _present(module, params, procfs, sysfs, run):
+    desired = dict((key, params[key]) for key in DESIRED_KEYS)
+    settings = dict((key, params[key]) for key in SETTINGS)
+    root = root_of(procfs)
+    # Validate and plan everything (IRQs and files) before the first write.
+    plan = run_desired_state(desired, check_mode=True, procfs=procfs, sysfs=sysfs, run=run)
+    files, actions = {}, []
+    if params["persist"]:
+        stored = stored_desired_state(desired, plan["pci_address"])
+        files = render(stored, settings, root)
+        remove = [p for p in installed_library(settings["lib_dir"], root) if p not in files]
+        if not settings["recheck_interval"]:
+            remove += ["%s/%s" % (UNIT_DIR, RECHECK_UNIT), "%s/%s" % (UNIT_DIR, TIMER)]
+        actions = plan_files(files, remove, root, diff_skip=("%s/%s/" % (settings["lib_dir"].rstrip("/"), PKG_DIR),))
+    result = plan if module.check_mode else run_desired_state(desired, check_mode=False, procfs=procfs, sysfs=sysfs, run=run)
+    systemd = Systemd(module, run is not None, module.check_mode)
+    changed_files = [a for a in actions if a["action"] != "unchanged"]
+    if params["persist"]:
+        timer_path = rooted(root, "%s/%s" % (UNIT_DIR, TIMER))
+        if not settings["recheck_interval"] and os.path.exists(timer_path):
+            systemd.do(["systemctl", "disable", "--now", TIMER], "disable --now %s" % TIMER)
+        if not module.check_mode:
+            apply_files(files, changed_files, root)
+        units = [a for a in changed_files if a["path"].startswith(UNIT_DIR + "/")]
+        if units:
+            systemd.do(["systemctl", "daemon-reload"], "daemon-reload")
+        if any(a["path"] == UDEV_RULE for a in changed_files):
+            systemd.do(["udevadm", "control", "--reload"], "udevadm control --reload")
+        # Enablement is read from systemd itself, so only on the live system.
+        if systemd.live and systemd.query("is-enabled", UNIT) != "enabled":
+            systemd.do(["systemctl", "enable", UNIT], "enable %s" % UNIT)
+        if systemd.live and settings["recheck_interval"]:
+            if systemd.query("is-enabled", TIMER) != "enabled" or systemd.query("is-active", TIMER) != "active":
+                systemd.do(["systemctl", "enable", "--now", TIMER], "enable --now %s" % TIMER)
+    out = dict(
+        changed=bool(result["changed"] or changed_files or systemd.actions),
+        interface=result["interface"], pci_address=result["pci_address"], cpulist=result["cpulist"], cpus=result["cpus"],
+        irqs=result["irqs"], irqbalance=result["irqbalance"],
+        drift=["%s %s: %s -> %s" % (i["irq"], i["name"], i["before"], i["after"])
+               for i in result["irqs"] if i["status"] in ("changed", "would_change")],
+        files=[dict((k, a[k]) for k in ("path", "action", "reason", "mode")) for a in actions],
+        systemd=systemd.actions, verified=None, unchangeable=[], effective_lagging=[],
+    )
+    warnings = list(result["warnings"])
+    if params["verify"] and not module.check_mode:
+        check = verify_pins(result, procfs=procfs, sysfs=sysfs, run=run)
+        out.update(verified=not check["mismatch"], unchangeable=check["unchangeable"],
+                   effective_lagging=check["lagging"])
+        if check["mismatch"]:
+            module.fail_json(msg="after pinning, queue IRQs of %s are not on their planned CPUs (something moved them: "
+                             "is irqbalance running?): %s" % (result["pci_address"], "; ".join(check["mismatch"])),
+                             **out)
+    diff = [result["diff"]] + [{"before_header": a["path"], "after_header": a["path"], "before": a["before"],
+                                "after": a["after"]} for a in changed_files if a["before"] or a["after"]]
+    return out, warnings, diff
+
+
+def _absent(module, params, procfs, run):
+    settings = dict((key, params[key]) for key in SETTINGS)
+    root = root_of(procfs)
+    actions = plan_files({}, owned_paths(settings, root), root,
+                         diff_skip=("%s/%s/" % (settings["lib_dir"].rstrip("/"), PKG_DIR),))
+    systemd = Systemd(module, run is not None, module.check_mode)
+    for unit in (TIMER, UNIT):
+        if os.path.exists(rooted(root, "%s/%s" % (UNIT_DIR, unit))):
+            systemd.do(["systemctl", "disable", "--now", unit], "disable --now %s" % unit)
+    if not module.check_mode:
+        apply_files({}, actions, root)
+    if any(a["path"].startswith(UNIT_DIR + "/") for a in actions):
+        systemd.do(["systemctl", "daemon-reload"], "daemon-reload")
+    if any(a["path"] == UDEV_RULE for a in actions):
+        systemd.do(["udevadm", "control", "--reload"], "udevadm control --reload")
+    out = dict(changed=bool(actions or systemd.actions),
+               files=[dict((k, a[k]) for k in ("path", "action", "reason", "mode")) for a in actions],
+               systemd=systemd.actions)
+    diff = [{"before_header": a["path"], "after_header": "(absent)", "before": a["before"], "after": ""}
+            for a in actions if a["before"]]
+    return out, [], diff
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE + [("cpus", "count")],
+        supports_check_mode=True,
+    )
+    params = module.params
+    _validate(module, params)
+    procfs, sysfs = params["procfs_path"], params["sysfs_path"]
+    try:
+        run = runner_for_roots(module, procfs, sysfs, commands=("ethtool", "ip", "systemctl", "udevadm"))
+        if params["state"] == "absent":
+            out, warnings, diff = _absent(module, params, procfs, run)
+        else:
+            out, warnings, diff = _present(module, params, procfs, sysfs, run)
+    except (AffinityError, NicError, TreeError, PersistError) as exc:
+        module.fail_json(msg=str(exc), changed=False, **exc.details)
+    for warning in warnings:
+        module.warn(warning)
+    if module._diff:
+        out["diff"] = diff
+    module.exit_json(**out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""nic_irq_persist on a generated tree of the lab's gpu-node: the pins, every file of the
+persistence (written under the tree's root, never the host's), check mode, drift,
+idempotence, a failed write rolled back, a shared lib dir, and state=absent.
+
+The installed entry point is then run in an isolated Python against the same tree,
+so a library file missing from the import closure fails here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+import treegen
+from ansible_collections.gpunode.tuning.plugins.module_utils import _persist
+from ansible_collections.gpunode.tuning.plugins.modules import nic_irq_persist
+
+
+class Exit(Exception):
+    pass
+
+
+class Fail(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def fake_exits(monkeypatch):
+    def exit_json(self, **kwargs):
+        raise Exit(json.loads(json.dumps(kwargs, default=str)))
+
+    def fail_json(self, **kwargs):
+        raise Fail(json.loads(json.dumps(kwargs, default=str)))
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+
+def run(args, check=False, diff=False):
+    args = dict(args)
+    args["_ansible_check_mode"] = check
+    args["_ansible_diff"] = diff
+    with patch_module_args(args):
+        with pytest.raises((Exit, Fail)) as exc:
+            nic_irq_persist.main()
+    return exc.type, exc.value.args[0]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    tree = treegen.build_tree(tmp_path / "t", treegen.lab_virtio())
+    os.makedirs(os.path.join(tree.root, "etc/network/if-up.d"))      # an ifupdown node
+    return tree
+
+
+def args(tree, **kw):
+    base = dict(pci_address="0000:42:01.0", count=4, allow_irqbalance=True, recheck_interval="1min",
+                procfs_path=tree.proc, sysfs_path=tree.sys)
+    base.update(kw)
+    return base
+
+
+def snapshot(root):
+    out = {}
+    for base, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(base, name)
+            st = os.lstat(path)
+            if os.path.islink(path):
+                out[os.path.relpath(path, root)] = ("link", os.readlink(path))
+                continue
+            with open(path, "rb") as handle:
+                out[os.path.relpath(path, root)] = (hashlib.sha256(handle.read()).hexdigest(), st.st_mode & 0o7777)
+    return out
+
+
+def under(tree, path):
+    return os.path.join(tree.root, path.lstrip("/"))
+
+
+def test_fresh_check_is_the_exact_plan_and_writes_nothing(lab):
+    before = snapshot(lab.root)
+    kind, res = run(args(lab), check=True, diff=True)
+    assert kind is Exit and res["changed"] is True
+    assert snapshot(lab.root) == before
+    paths = {f["path"]: f["action"] for f in res["files"]}
+    for path in ("/etc/gpunode/nic-irq-affinity.json", "/usr/local/sbin/gpunode-nic-irq-pin",
+                 "/etc/systemd/system/gpunode-nic-irq-affinity.service", "/etc/systemd/system/gpunode-nic-irq-affinity.timer",
+                 "/etc/systemd/system/gpunode-nic-irq-affinity-recheck.service",
+                 "/etc/udev/rules.d/70-gpunode-nic-irq-affinity.rules", "/etc/network/if-up.d/gpunode-nic-irq-pin",
+                 "/usr/local/lib/gpunode-tuning/" + _persist.MANIFEST):
+        assert paths.get(path) == "create", (path, paths)
+    # No NetworkManager or networkd-dispatcher on this node: no hook for them.
+    assert not [p for p in paths if "NetworkManager" in p or "networkd" in p]
+    moved = ["%s %s: %s -> %s" % (i["irq"], i["name"], i["before"], i["after"])
+             for i in res["irqs"] if i["kind"] == "queue" and i["before"] != i["after"]]
+    assert res["drift"] == moved and len(moved) == 6 and res["cpulist"] == "4-7"
+    # The diff shows the unit and the state file, not the library source.
+    headers = [d.get("before_header") for d in res["diff"][1:]]
+    assert "/etc/gpunode/nic-irq-affinity.json" in headers
+    assert not [h for h in headers if h and "/module_utils/" in h]
+    # Captured tree: systemd actions are only reported.
+    assert res["systemd"] == ["daemon-reload (captured tree: not run)", "udevadm control --reload (captured tree: not run)"]
+
+
+def test_converge_then_idempotent_and_check_clean(lab):
+    kind, res = run(args(lab))
+    assert kind is Exit and res["changed"] is True and res["verified"] is True
+    queue = [i for i in res["irqs"] if i["kind"] == "queue"]
+    assert sorted(set(lab.affinity(i["irq"]) for i in queue)) == ["4", "5", "6", "7"]
+    state = json.loads(open(under(lab, "/etc/gpunode/nic-irq-affinity.json")).read())
+    assert state == {"pci_address": "0000:42:01.0", "count": 4, "numa_local": True, "whole_cores": True,
+                     "allow_irqbalance": True, "strict": False}
+    assert os.stat(under(lab, "/usr/local/sbin/gpunode-nic-irq-pin")).st_mode & 0o777 == 0o755
+    after = snapshot(lab.root)
+    kind, res2 = run(args(lab))
+    assert kind is Exit and res2["changed"] is False, [f for f in res2["files"] if f["action"] != "unchanged"]
+    kind, res3 = run(args(lab), check=True)
+    assert kind is Exit and res3["changed"] is False and res3["drift"] == []
+    assert snapshot(lab.root) == after
+
+
+def test_installed_entry_point_runs_from_the_library_alone(lab):
+    run(args(lab))
+    # The IRQs drift (as after a driver reset); the installed entry point, in an isolated
+    # Python with only the installed library, puts them back.
+    irqs = lab.irqs("enp66s1")[1:]
+    for irq in irqs:
+        lab.set_affinity(irq, [0])
+    state = json.loads(open(under(lab, "/etc/gpunode/nic-irq-affinity.json")).read())
+    state.update(procfs_path=lab.proc, sysfs_path=lab.sys)
+    alt = os.path.join(lab.root, "state-with-roots.json")
+    with open(alt, "w") as handle:
+        json.dump(state, handle)
+    entry = under(lab, "/usr/local/sbin/gpunode-nic-irq-pin")
+    text = open(entry).read().replace('"/usr/local/lib/gpunode-tuning"', json.dumps(under(lab, "/usr/local/lib/gpunode-tuning")))
+    text = text.replace("#!/usr/bin/python3", "#!" + sys.executable)
+    with open(entry, "w") as handle:
+        handle.write(text)
+    res = subprocess.run([sys.executable, "-I", entry, alt], capture_output=True, text=True, cwd="/", timeout=60, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(set(lab.affinity(i) for i in irqs)) == ["4", "5", "6", "7"], res.stdout
+
+
+def test_hand_edited_unit_is_drift_and_is_repaired(lab):
+    run(args(lab))
+    unit = under(lab, "/etc/systemd/system/gpunode-nic-irq-affinity.service")
+    with open(unit, "a") as handle:
+        handle.write("# local edit\n")
+    kind, res = run(args(lab), check=True, diff=True)
+    assert kind is Exit and res["changed"] is True
+    assert [f["path"] for f in res["files"] if f["action"] != "unchanged"] == ["/etc/systemd/system/gpunode-nic-irq-affinity.service"]
+    assert "# local edit" in open(unit).read()
+    assert any("# local edit" in d.get("before", "") for d in res["diff"][1:])
+    kind, res = run(args(lab))
+    assert kind is Exit and res["changed"] is True and "# local edit" not in open(unit).read()
+
+
+def test_a_failed_write_rolls_back_every_file(lab, monkeypatch):
+    run(args(lab, recheck_interval=""))
+    before = snapshot(lab.root)
+    calls = []
+    real = _persist._write_atomic
+
+    def flaky(path, data, mode):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        real(path, data, mode)
+
+    monkeypatch.setattr(_persist, "_write_atomic", flaky)
+    kind, res = run(args(lab, recheck_interval="1min", timeout=45))
+    assert kind is Fail and "rolled back" in res["msg"] and "No space left" in res["msg"], res["msg"]
+    monkeypatch.setattr(_persist, "_write_atomic", real)
+    assert snapshot(lab.root) == before
+
+
+def test_shared_lib_dir_keeps_foreign_files_and_absent_removes_only_ours(lab):
+    shared = "/usr/local/lib/site-tools"
+    foreign = under(lab, shared + "/vendor-tool.py")
+    os.makedirs(os.path.dirname(foreign))
+    with open(foreign, "w") as handle:
+        handle.write("print('not ours')\n")
+    kind, res = run(args(lab, lib_dir=shared))
+    assert kind is Exit and res["changed"] is True
+    assert os.path.exists(under(lab, shared + "/ansible_collections/gpunode/tuning/plugins/module_utils/_irq_pin_cli.py"))
+    kind, res = run(args(lab, lib_dir=shared))
+    assert kind is Exit and res["changed"] is False and os.path.exists(foreign)
+    kind, res = run(dict(state="absent", lib_dir=shared, procfs_path=lab.proc, sysfs_path=lab.sys), check=True)
+    assert kind is Exit and res["changed"] is True and os.path.exists(under(lab, "/etc/gpunode/nic-irq-affinity.json"))
+    kind, res = run(dict(state="absent", lib_dir=shared, procfs_path=lab.proc, sysfs_path=lab.sys))
+    assert kind is Exit and res["changed"] is True
+    assert os.path.exists(foreign), "state=absent removed a file the collection did not install"
+    assert not os.path.exists(under(lab, shared + "/ansible_collections"))
+    for path in ("/etc/gpunode/nic-irq-affinity.json", "/usr/local/sbin/gpunode-nic-irq-pin",
+                 "/etc/systemd/system/gpunode-nic-irq-affinity.service", "/etc/network/if-up.d/gpunode-nic-irq-pin"):
+        assert not os.path.exists(under(lab, path)), path
+    kind, res = run(dict(state="absent", lib_dir=shared, procfs_path=lab.proc, sysfs_path=lab.sys))
+    assert kind is Exit and res["changed"] is False
+
+
+def test_empty_interval_removes_the_timer(lab):
+    run(args(lab))
+    kind, res = run(args(lab, recheck_interval=""))
+    assert kind is Exit and res["changed"] is True
+    assert {f["path"]: f["action"] for f in res["files"]}["/etc/systemd/system/gpunode-nic-irq-affinity.timer"] == "remove"
+    assert not os.path.exists(under(lab, "/etc/systemd/system/gpunode-nic-irq-affinity.timer"))
+
+
+@pytest.mark.parametrize("key,value,word", [
+    ("recheck_interval", "5 minutes please", "time span"),
+    ("recheck_interval", "5min; rm -rf /", "time span"),
+    ("timeout", 0, "1 to 3600"),
+    ("lib_dir", "/usr/local/lib", "system directory"),
+    ("lib_dir", "relative/lib", "absolute path"),
+    ("entry_point", "/usr/local/sbin/pin me", "absolute path"),
+    ("state_file", "/etc/gpunode/$(x).json", "absolute path"),
+])
+def test_bad_settings_fail_naming_the_value_and_change_nothing(lab, key, value, word):
+    before = snapshot(lab.root)
+    kind, res = run(args(lab, **{key: value}))
+    assert kind is Fail and word in res["msg"] and repr(value) in res["msg"], res["msg"]
+    assert snapshot(lab.root) == before
