@@ -79,7 +79,12 @@ def link_name(path):
         return None
 
 
-def module_runner(module, commands=("ethtool", "ip", "systemctl")):
+# The only commands the readers ever run (``ethtool -l``, ``ip -j addr``, ``systemctl is-active``...), for the
+# module glue below and for the boot-time entry point (_irq_pin_cli); the nic_selector doc fragment names them.
+ALLOWED_COMMANDS = ("ethtool", "ip", "systemctl")
+
+
+def module_runner(module, commands=ALLOWED_COMMANDS):
     """A ``run(argv) -> (rc, out, err)`` for module glue, built on ``module.run_command``.
 
     Only the listed commands run, resolved with ``module.get_bin_path``; a
@@ -102,7 +107,7 @@ def module_runner(module, commands=("ethtool", "ip", "systemctl")):
     return run
 
 
-def runner_for_roots(module, procfs, sysfs, commands=("ethtool", "ip", "systemctl")):
+def runner_for_roots(module, procfs, sysfs, commands=ALLOWED_COMMANDS):
     """``module_runner`` when the roots are this host's ``/proc`` and ``/sys``, else None.
 
     Commands describe the live host, so on a captured or generated tree they

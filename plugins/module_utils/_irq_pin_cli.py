@@ -40,16 +40,16 @@ import subprocess
 import sys
 import time
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import ALLOWED_COMMANDS
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import AffinityError, run_desired_state
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_KEYS, NicError, read_nic
 
 DEFAULT_STATE = "/etc/gpunode/nic-irq-affinity.json"
-ALLOWED = ("ethtool", "ip", "systemctl")
 
 
 def subprocess_run(argv, timeout=5):
     """``run`` callable for the library: allowed commands only, bounded by ``timeout``."""
-    if not argv or argv[0] not in ALLOWED:
+    if not argv or argv[0] not in ALLOWED_COMMANDS:
         return 127, "", "command not allowed"
     try:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,

@@ -199,7 +199,7 @@ irqbalance:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import AffinityError, run_desired_state
+from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import DESIRED_KEYS, AffinityError, run_desired_state
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
 
 ARGUMENT_SPEC = dict(
@@ -212,8 +212,6 @@ ARGUMENT_SPEC = dict(
     allow_irqbalance=dict(type="bool", default=False),
     strict=dict(type="bool", default=False),
 )
-DESIRED = ("interface", "pci_address", "mac", "cidr", "cpus", "count", "exclude_cpus", "numa_local", "whole_cores",
-           "allow_irqbalance", "strict")
 
 
 def main():
@@ -224,7 +222,7 @@ def main():
     )
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
-    desired = dict((key, params[key]) for key in DESIRED)
+    desired = dict((key, params[key]) for key in DESIRED_KEYS)
     try:
         result = run_desired_state(desired, check_mode=module.check_mode, procfs=procfs, sysfs=sysfs,
                                    run=runner_for_roots(module, procfs, sysfs))

@@ -93,11 +93,18 @@ options:
 notes:
   - Take the measurement while the training job runs and moves storage traffic; on an idle host every check
     correctly reports nothing wrong.
-  - Verdict rules, in order. No IRQ CPUs known gives V(inconclusive). Squeezes on all CPUs below O(squeeze_quiet)
-    give V(no_contention). Squeezes on the IRQ CPUs below O(squeeze_threshold) give V(inconclusive). IRQ CPUs
-    without both O(softirq_pct) and O(user_pct) give V(inconclusive) (rate, not contention). An unknown link speed
-    or throughput gives V(inconclusive). Link utilisation at or above O(max_link_util_pct) gives V(inconclusive).
-    Otherwise V(contention).
+  - "Verdict rules, tried in order; the first whose condition holds gives the verdict. RV(verdict_rule) names it, and
+    the diagnose playbook's report prints the same table:"
+  - "1. no NIC queue IRQ CPU is known: V(inconclusive)."
+  - "2. all CPUs together squeeze less than O(squeeze_quiet) per 10 s: V(no_contention)."
+  - "3. the IRQ CPUs together squeeze less than O(squeeze_threshold) per 10 s: V(inconclusive)."
+  - "4. no IRQ CPU has both softirq >= O(softirq_pct) % and usr >= O(user_pct) %: V(inconclusive) (rate, not
+    contention)."
+  - "5. the link speed or throughput is unknown: V(inconclusive)."
+  - "6. the link is at or above O(max_link_util_pct) % of its speed: V(inconclusive) (the link is busy)."
+  - "7. none of the above: V(contention)."
+  - The threshold defaults above are the ones the verdict code uses (C(DEFAULT_THRESHOLDS) in the collection's
+    C(_softnet_verdict) module_utils); a unit test keeps the two equal.
 seealso:
   - module: gpunode.tuning.nic_irq_facts
   - module: gpunode.tuning.nic_irq_affinity
@@ -134,6 +141,13 @@ changed:
   sample: false
 verdict:
   description: V(contention), V(no_contention) or V(inconclusive).
+  returned: always
+  type: str
+  sample: contention
+verdict_rule:
+  description:
+    - The rule of the verdict table (see the notes) that gave the verdict, by name, in table order V(no_irq_cpus),
+      V(quiet), V(irq_squeezes_low), V(irq_cpus_not_busy), V(link_unknown), V(link_busy), V(contention).
   returned: always
   type: str
   sample: contention
@@ -439,20 +453,19 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import SoftnetError, run_check
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import DEFAULT_INTERVAL, SoftnetError, run_check
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import DEFAULT_THRESHOLDS
 
 ARGUMENT_SPEC = dict(
     SELECTOR_ARGUMENT_SPEC,
     irq_cpus=dict(type="raw"),
-    interval=dict(type="float", default=10.0),
-    squeeze_threshold=dict(type="float", default=100.0),
-    squeeze_quiet=dict(type="float", default=10.0),
-    softirq_pct=dict(type="float", default=5.0),
-    user_pct=dict(type="float", default=40.0),
-    max_link_util_pct=dict(type="float", default=10.0),
+    interval=dict(type="float", default=DEFAULT_INTERVAL),
     link_speed_mbps=dict(type="int"),
     fail_on_contention=dict(type="bool", default=False),
 )
+# The threshold defaults are defined once, in _softnet_verdict. DOCUMENTATION states them literally:
+# validate-modules compares it with this spec, and a unit test compares it with DEFAULT_THRESHOLDS.
+ARGUMENT_SPEC.update((key, dict(type="float", default=value)) for key, value in DEFAULT_THRESHOLDS.items())
 
 
 def main():

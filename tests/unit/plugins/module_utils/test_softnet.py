@@ -2,7 +2,8 @@
 # Copyright (c) gpunode.tuning contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Parsers, deltas, mpstat arithmetic and the verdict of _softnet (pure functions)."""
+"""Parsers, deltas, mpstat arithmetic and the verdict of softnet_check (_softnet_procfs, _softnet_signals,
+_softnet_verdict, and the option checks of _softnet): pure functions."""
 
 from __future__ import annotations
 
@@ -10,20 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import (
-    DEFAULT_THRESHOLDS,
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import irq_cpus_from_nic, validate_options
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_procfs import (
     SoftnetError,
-    compute_signals,
-    delta_counter,
-    delta_u32,
-    irq_cpus_from_nic,
-    judge,
-    mpstat_percentages,
     parse_net_dev,
     parse_proc_stat,
     parse_softirqs,
     parse_softnet_stat,
-    validate_options,
+)
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_signals import (
+    compute_signals,
+    delta_counter,
+    delta_u32,
+    mpstat_percentages,
+)
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
+    DEFAULT_THRESHOLDS,
+    judge,
     validate_thresholds,
 )
 

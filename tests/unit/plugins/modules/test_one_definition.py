@@ -1,0 +1,143 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""One definition of each thing: the threshold defaults, the verdict table, the selector keys, the desired-state
+keys and the command allow-list. Where a second copy must exist (module DOCUMENTATION is static YAML), a test
+holds it equal to the one definition; elsewhere the source is searched for a second copy."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_collections.gpunode.tuning.plugins.doc_fragments.nic_selector import ModuleDocFragment
+from ansible_collections.gpunode.tuning.plugins.module_utils import _fileio, _interrupts, _irq_pin_cli, _nic, _softnet
+from ansible_collections.gpunode.tuning.plugins.module_utils import _softnet_procfs
+from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import DESIRED_KEYS
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
+    DEFAULT_THRESHOLDS,
+    RULES,
+    describe_rules,
+)
+from ansible_collections.gpunode.tuning.plugins.modules import nic_irq_affinity, softnet_check
+
+ROOT = Path(__file__).resolve().parents[4]
+PLUGINS = ROOT / "plugins"
+
+
+def literal_tuples(path):
+    """Every tuple or list of string constants written in a Python file, as tuples."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Tuple, ast.List)) and node.elts and all(
+            isinstance(elt, ast.Constant) and isinstance(elt.value, str) for elt in node.elts
+        ):
+            found.append(tuple(elt.value for elt in node.elts))
+    return found
+
+
+def defined_in(values):
+    """Python files under plugins/ that spell out ``values`` (in any order) as a literal tuple or list."""
+    return sorted(
+        str(path.relative_to(ROOT))
+        for path in PLUGINS.rglob("*.py")
+        if any(set(found) == set(values) for found in literal_tuples(path))
+    )
+
+
+# ---------------------------------------------------------------- thresholds and the verdict table
+
+
+def test_threshold_defaults_are_one_constant_that_spec_and_docs_repeat():
+    options = yaml.safe_load(softnet_check.DOCUMENTATION)["options"]
+    for key, value in DEFAULT_THRESHOLDS.items():
+        assert softnet_check.ARGUMENT_SPEC[key]["default"] == value, key
+        assert float(options[key]["default"]) == value, key
+    assert float(options["interval"]["default"]) == softnet_check.ARGUMENT_SPEC["interval"]["default"] == _softnet.DEFAULT_INTERVAL
+
+
+def test_no_other_python_file_writes_the_threshold_defaults():
+    writers = []
+    for path in PLUGINS.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict):
+                keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
+                if set(DEFAULT_THRESHOLDS) <= set(keys):
+                    writers.append(str(path.relative_to(ROOT)))
+            if isinstance(node, ast.keyword) and node.arg in DEFAULT_THRESHOLDS:
+                value = node.value
+                if isinstance(value, ast.Call) and any(
+                    kw.arg == "default" and isinstance(kw.value, ast.Constant) for kw in value.keywords
+                ):
+                    writers.append(str(path.relative_to(ROOT)))
+    assert writers == ["plugins/module_utils/_softnet_verdict.py"]
+
+
+def test_module_notes_list_the_verdict_table_in_order():
+    notes = yaml.safe_load(softnet_check.DOCUMENTATION)["notes"]
+    listed = [note for note in notes if note[:2] in ["%d." % n for n in range(1, 10)]]
+    rules = describe_rules(placeholder="O(%s)")
+    assert len(listed) == len(rules)
+    for note, rule in zip(listed, rules):
+        assert note.startswith("%d. %s: V(%s)" % (rule["number"], rule["condition"], rule["verdict"])), note
+
+
+def test_verdict_rule_return_value_names_every_rule_in_order():
+    returned = yaml.safe_load(softnet_check.RETURN)["verdict_rule"]
+    text = " ".join(returned["description"])
+    assert text.index("V(%s)" % RULES[0].name) < text.index("V(%s)" % RULES[-1].name)
+    assert [name for name in (rule.name for rule in RULES) if "V(%s)" % name in text] == [rule.name for rule in RULES]
+
+
+# ---------------------------------------------------------------- keys and commands
+
+
+def test_selector_keys_are_defined_once():
+    assert _softnet.SELECTOR_KEYS is _nic.SELECTOR_KEYS
+    assert [key for key in _nic.SELECTOR_ARGUMENT_SPEC if key in _nic.SELECTOR_KEYS] == list(_nic.SELECTOR_KEYS)
+    assert defined_in(_nic.SELECTOR_KEYS) == ["plugins/module_utils/_nic.py"]
+
+
+def test_nic_irq_affinity_passes_exactly_the_desired_state_keys():
+    assert not hasattr(nic_irq_affinity, "DESIRED")
+    assert set(nic_irq_affinity.ARGUMENT_SPEC) - {"procfs_path", "sysfs_path"} == set(DESIRED_KEYS)
+    assert defined_in(DESIRED_KEYS) == []  # built from SELECTOR_KEYS + the policy keys, never spelled out whole
+
+
+def test_command_allow_list_is_defined_once():
+    assert defined_in(_fileio.ALLOWED_COMMANDS) == ["plugins/module_utils/_fileio.py"]
+    assert _irq_pin_cli.ALLOWED_COMMANDS is _fileio.ALLOWED_COMMANDS
+    for name in _fileio.ALLOWED_COMMANDS:
+        assert "C(%s)" % name in ModuleDocFragment.DOCUMENTATION
+
+
+@pytest.mark.parametrize("argv", [["rm", "-rf", "/"], ["ethtool2"], []])
+def test_the_allow_list_refuses_everything_else(argv):
+    class Module(object):
+        def get_bin_path(self, name):
+            raise AssertionError("never looked up")
+
+    assert _irq_pin_cli.subprocess_run(argv)[0] == 127
+    if argv:
+        assert _fileio.module_runner(Module())(argv)[0] == 127
+
+
+# ---------------------------------------------------------------- readers
+
+
+def test_softnet_reads_with_the_shared_reader_and_parses_softirqs_as_a_cpu_table(tmp_path, monkeypatch):
+    assert _softnet_procfs.read_raw is _fileio.read_raw
+    calls = []
+    monkeypatch.setattr(_softnet_procfs, "read_raw", lambda path: calls.append(path) or "")
+    _softnet_procfs.read_sample(str(tmp_path))
+    assert len(calls) == 4
+    text = "                    CPU0       CPU2\n          HI:          1          0\n      NET_RX:        10         20\n"
+    assert _softnet_procfs.parse_softirqs(text)["counts"] == {"HI": {0: 1, 2: 0}, "NET_RX": {0: 10, 2: 20}}
+    parsed = []
+    monkeypatch.setattr(_softnet_procfs, "parse_interrupts", lambda text: parsed.append(text) or _interrupts.parse_interrupts(text))
+    assert _softnet_procfs.parse_softirqs(text)["cpus"] == [0, 2]
+    assert parsed == [text]
