@@ -19,6 +19,12 @@ import html
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import format_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
+    DEFAULT_THRESHOLDS,
+    RULES,
+    describe_rules,
+    format_number,
+)
 
 # Worst first. "failed" (the check did not run or failed) sorts before
 # inconclusive: a person must look at it.
@@ -32,12 +38,7 @@ VERDICT_TEXT = {
 
 
 def _num(value, digits=1):
-    if value is None:
-        return "?"
-    if isinstance(value, (int,)) and not isinstance(value, bool):
-        return "%d" % value
-    text = ("%.*f" % (digits, value)).rstrip("0").rstrip(".")
-    return text or "0"
+    return format_number(value, digits, unknown="?")
 
 
 def _cpulist(cpus):
@@ -61,6 +62,7 @@ def _host_entry(name, data):
     return {
         "host": name,
         "verdict": verdict,
+        "verdict_rule": None if failed else softnet.get("verdict_rule"),
         "reasons": reasons,
         "interface": softnet.get("interface") or nic.get("interface"),
         "pci_address": softnet.get("pci_address") or nic.get("pci_address"),
@@ -88,16 +90,55 @@ def _sort_key(entry):
     return (rank, -(entry["squeeze_irq_per_10s"] or 0), entry["host"])
 
 
+def _rules(hosts):
+    """softnet_check's verdict table, quoting the thresholds the hosts used.
+
+    Every host that was checked reports its thresholds; when they all agree (or no host was checked: the
+    defaults) the conditions quote those numbers, otherwise the option names, and ``thresholds`` is None.
+    """
+    used = []
+    for entry in hosts:
+        given = entry["softnet"].get("thresholds") or {}
+        limits = dict((key, given[key]) for key in DEFAULT_THRESHOLDS if given.get(key) is not None)
+        if entry["verdict"] != "failed" and limits and limits not in used:
+            used.append(limits)
+    if len(used) > 1:
+        return {"thresholds": None, "rules": describe_rules(placeholder="%s")}
+    thresholds = dict(DEFAULT_THRESHOLDS, **(used[0] if used else {}))
+    return {"thresholds": thresholds, "rules": describe_rules(thresholds)}
+
+
+def _rule_number(name):
+    """1-based position of a verdict rule in softnet_check's table, or None."""
+    names = [rule.name for rule in RULES]
+    return names.index(name) + 1 if name in names else None
+
+
 def diagnose_collect(results, generated_at=""):
     """One report from per-host results, hosts worst first (contention, failed, inconclusive, no contention;
-    then more squeezes first; then by name)."""
+    then more squeezes first; then by name), with softnet_check's verdict table."""
     if not isinstance(results, dict):
         raise AnsibleFilterError("diagnose_collect expects a dict host -> {softnet, nic}, got %s" % type(results).__name__)
     hosts = sorted((_host_entry(name, data) for name, data in results.items()), key=_sort_key)
     counts = dict((verdict, 0) for verdict in VERDICT_ORDER)
     for entry in hosts:
         counts[entry["verdict"]] = counts.get(entry["verdict"], 0) + 1
-    return {"generated_at": generated_at, "host_count": len(hosts), "counts": counts, "hosts": hosts}
+    return {"generated_at": generated_at, "host_count": len(hosts), "counts": counts, "hosts": hosts,
+            "verdict_rules": _rules(hosts)}
+
+
+def _rules_intro(report):
+    rules = report.get("verdict_rules") or _rules(report["hosts"])
+    text = ("softnet_check tries these rules in order; the first whose condition holds gives the verdict. "
+            "Squeeze thresholds are per 10 s, scaled to each host's sample.")
+    if rules["thresholds"] is None:
+        text += " The hosts used different thresholds: each host's are in cluster.json (softnet.thresholds)."
+    return rules["rules"], text
+
+
+def _decided_by(entry):
+    number = _rule_number(entry.get("verdict_rule"))
+    return None if number is None else "decided by rule %d (%s)" % (number, entry["verdict_rule"])
 
 
 def diagnose_summary(report):
@@ -136,6 +177,10 @@ def diagnose_markdown(report):
     ]
     for verdict in VERDICT_ORDER:
         lines.append("| %s | %d |" % (VERDICT_TEXT[verdict], report["counts"].get(verdict, 0)))
+    rules, intro = _rules_intro(report)
+    lines += ["", "## How the verdict is decided", "", intro, "", "| rule | when | verdict |", "|---|---|---|"]
+    for rule in rules:
+        lines.append("| %d | %s | %s |" % (rule["number"], _md_escape(rule["condition"]), VERDICT_TEXT[rule["verdict"]]))
     lines += [
         "",
         "## Hosts, worst first",
@@ -170,6 +215,8 @@ def diagnose_markdown(report):
             detail.append("IRQ CPUs from %s" % entry["irq_cpus_source"])
         if entry["interval"] is not None:
             detail.append("sampled over %s s" % _num(entry["interval"], 3))
+        if _decided_by(entry):
+            detail.append(_decided_by(entry))
         if detail:
             lines += [", ".join(detail) + ".", ""]
         lines += ["- %s" % _md_escape(reason) for reason in entry["reasons"]]
@@ -198,8 +245,8 @@ h1{font-size:1.4em}h2{font-size:1.15em;margin:1.4em 0 .3em}
 .cpu .mark.irq{color:#1a4fd6}.cpu .mark.hot{color:#b3261e}
 .cpu.offline{opacity:.45}
 ul.reasons{margin:.2em 0 .5em 1.2em;padding:0}
-table.hosts{border-collapse:collapse;font-size:.9em}
-table.hosts td,table.hosts th{border:1px solid #ccc;padding:.2em .5em;text-align:left}
+table.hosts,table.rules{border-collapse:collapse;font-size:.9em}
+table.hosts td,table.hosts th,table.rules td,table.rules th{border:1px solid #ccc;padding:.2em .5em;text-align:left}
 """
 
 
@@ -293,6 +340,14 @@ def diagnose_html(report):
             )
         )
     out.append("</table>")
+    rules, intro = _rules_intro(report)
+    out.append('<section class="rules" id="rules"><h2>How the verdict is decided</h2><p>%s</p>' % esc(intro))
+    out.append('<table class="rules"><tr><th>rule</th><th>when</th><th>verdict</th></tr>')
+    for rule in rules:
+        out.append('<tr data-rule="%s"><td>%d</td><td>%s</td><td><span class="badge v-%s">%s</span></td></tr>' % (
+            esc(rule["name"]), rule["number"], esc(rule["condition"]), esc(rule["verdict"]),
+            esc(VERDICT_TEXT[rule["verdict"]])))
+    out.append("</table></section>")
     for entry in report["hosts"]:
         irq_cpus = set(entry["irq_cpus"])
         hot_cpus = set(entry["hot_cpus"])
@@ -308,6 +363,8 @@ def diagnose_html(report):
         facts.append("IRQ CPUs %s" % (_cpulist(entry["irq_cpus"]) or "none"))
         if entry["link_speed_mbps"]:
             facts.append("link %s Mbit/s" % _num(entry["link_speed_mbps"]))
+        if _decided_by(entry):
+            facts.append(_decided_by(entry))
         out.append("<p>%s</p>" % esc(", ".join(facts)))
         out.append('<ul class="reasons">%s</ul>' % "".join("<li>%s</li>" % esc(r) for r in entry["reasons"]))
         if entry["cpus"]:

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import copy
+import html
 from html.parser import HTMLParser
 
 import pytest
@@ -19,6 +21,11 @@ from ansible_collections.gpunode.tuning.plugins.filter.diagnose_report import (
     diagnose_lines,
     diagnose_markdown,
     diagnose_summary,
+)
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
+    DEFAULT_THRESHOLDS,
+    RULES,
+    describe_rules,
 )
 
 
@@ -194,3 +201,59 @@ def test_closing_lines_list_the_worst_hosts_with_reasons_and_count_the_rest():
         "... and 4 more hosts in the report",
     ]
     assert len(diagnose_lines(diagnose_collect(RESULTS))) == 7
+
+
+@pytest.mark.parametrize(
+    "usr, squeeze, soft, text",
+    [
+        (50.0, 100.0, 10.0, "<br>s 10%<br>u 50%<br>q 100</div>"),
+        (5.0, 0.0, 0.0, "<br>s 0%<br>u 5%<br>q 0</div>"),
+        (60.4, 1650.0, 12.25, "<br>s 12.2%<br>u 60%<br>q 1650</div>"),
+        (100.0, 10.0, 0.5, "<br>s 0.5%<br>u 100%<br>q 10</div>"),
+    ],
+)
+def test_html_cells_keep_the_zeros_of_whole_numbers(usr, squeeze, soft, text):
+    # "u 50%" was shown as "u 5%" and 100 squeezes as "q 1"
+    row = {"cpu": 0, "online": True, "usr": usr, "soft": soft, "squeeze_per_10s": squeeze}
+    result = softnet("no_contention", irq=[0])
+    result["cpus"] = [row]
+    assert text in diagnose_html(diagnose_collect({"h": {"softnet": result}}))
+
+
+def test_report_prints_the_verdict_rules_of_softnet_check_with_the_thresholds_used():
+    results = copy.deepcopy(RESULTS)
+    for name, data in results.items():
+        if name != "down":
+            data["softnet"]["thresholds"] = dict(DEFAULT_THRESHOLDS, squeeze_threshold=250.0, interval_scale=1.0)
+            data["softnet"]["verdict_rule"] = "contention" if data["softnet"]["verdict"] == "contention" else "quiet"
+    report = diagnose_collect(results)
+    rules = describe_rules(dict(DEFAULT_THRESHOLDS, squeeze_threshold=250.0))
+    assert report["verdict_rules"] == {"thresholds": dict(DEFAULT_THRESHOLDS, squeeze_threshold=250.0), "rules": rules}
+    assert [rule["name"] for rule in rules] == [rule.name for rule in RULES]
+    assert "the IRQ CPUs together squeeze less than 250 per 10 s" in rules[2]["condition"]
+
+    text = diagnose_markdown(report)
+    table = text[text.index("## How the verdict is decided"):text.index("## Hosts, worst first")]
+    for rule in rules:
+        assert "| %d | %s | %s |" % (rule["number"], rule["condition"], rule["verdict"].replace("_", " ")) in table
+    assert "decided by rule 7 (contention)" in text[text.index("### bad-big"):text.index("### bad-small")]
+    assert "decided by rule 2 (quiet)" in text[text.index("### ok-1"):]
+
+    page = diagnose_html(report)
+    for rule in rules:
+        assert '<tr data-rule="%s"><td>%d</td><td>%s</td>' % (rule["name"], rule["number"], html.escape(rule["condition"])) in page
+    assert "decided by rule 7 (contention)" in page
+
+
+def test_report_rules_name_the_thresholds_when_hosts_used_different_ones():
+    results = copy.deepcopy(RESULTS)
+    results["ok-1"]["softnet"]["thresholds"] = dict(DEFAULT_THRESHOLDS)
+    results["bad-big"]["softnet"]["thresholds"] = dict(DEFAULT_THRESHOLDS, user_pct=20.0)
+    report = diagnose_collect(results)
+    assert report["verdict_rules"]["thresholds"] is None
+    assert "usr >= user_pct %" in report["verdict_rules"]["rules"][3]["condition"]
+    assert "different thresholds" in diagnose_markdown(report)
+    # no host checked: the defaults
+    report = diagnose_collect({"down": RESULTS["down"]})
+    assert report["verdict_rules"]["thresholds"] == DEFAULT_THRESHOLDS
+    assert "less than 10 per 10 s" in report["verdict_rules"]["rules"][1]["condition"]
