@@ -179,4 +179,3 @@ def compute_signals(first, second, online, interface=None, speed_mbps=None):
         "link": link,
         "notes": notes,
     }
-
