@@ -17,7 +17,8 @@ options:
     description:
       - Interface name, for example C(ens7). Names are not stable across boots; prefer O(pci_address).
       - At most one of O(interface), O(pci_address), O(mac) and O(cidr). With none, the interface of the
-        lowest-metric IPv4 default route (else IPv6) is used.
+        lowest-metric IPv4 default route (else IPv6) is used. An empty or blank value of any of the four is an
+        error, never "the default route".
       - An InfiniBand interface (type 32) or a virtual one (no C(device) link) is never selected.
     type: str
   pci_address:
@@ -39,6 +40,12 @@ options:
       - Root of procfs. Point it and O(sysfs_path) at a captured or generated tree to read (or, for modules that
         write, to write) there instead of this host. Commands (C(ethtool), C(ip), C(systemctl)) then do not run,
         because they would describe this host, not the tree.
+      - Each root must exist and look like its filesystem (C(interrupts) under procfs, C(class/net) under sysfs),
+        else the module fails naming the path.
+      - A module that writes refuses roots that are not one system (the live C(/proc) and C(/sys), or C(T/proc)
+        and C(T/sys) of one tree), so that a capture's IRQ numbers never reach the live C(/proc/irq); and every
+        module fails when an IRQ listed in the PCI function's C(msi_irqs) has a C(/proc/interrupts) row that names
+        another PCI function.
     type: path
     default: /proc
   sysfs_path:

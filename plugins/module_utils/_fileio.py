@@ -17,6 +17,19 @@ import os
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, parse_cpulist
 
 
+class TreeError(ValueError):
+    """A root or a procfs/sysfs file that is missing, is not in the kernel's layout, or is not of this system.
+
+    ``details`` names the path (and the option, the bad value and what was
+    expected) for ``fail_json``. Deliberately not a NicError: a tree that
+    cannot be read is an error even where a missing NIC only degrades.
+    """
+
+    def __init__(self, message, **details):
+        super(TreeError, self).__init__(message)
+        self.details = details
+
+
 def join(root, *parts):
     """Join ``parts`` under ``root``; absolute parts are re-rooted, not escaped to /."""
     return os.path.join(root, *[p.lstrip("/") for p in parts])
@@ -116,3 +129,59 @@ def runner_for_roots(module, procfs, sysfs, commands=ALLOWED_COMMANDS):
     if os.path.normpath(procfs) == "/proc" and os.path.normpath(sysfs) == "/sys":
         return module_runner(module, commands)
     return None
+
+# What must exist under each root for it to be a procfs/sysfs at all: without it
+# every reader falls back to its default and the results mislead ("interface
+# does not exist", every IRQ "control").
+ROOT_MARKERS = (("procfs_path", "interrupts", "a procfs (it has no interrupts file)"),
+                ("sysfs_path", "class/net", "a sysfs (it has no class/net directory)"))
+
+
+def roots_mixed(procfs, sysfs):
+    """Why ``procfs`` and ``sysfs`` are not the roots of one system, or None.
+
+    One system: both the live ``/proc`` and ``/sys``, or two directories of the
+    same parent (a captured or generated tree ``T/proc`` and ``T/sys``).
+    """
+    real_proc, real_sys = os.path.realpath(procfs), os.path.realpath(sysfs)
+    live_proc, live_sys = real_proc == "/proc", real_sys == "/sys"
+    if live_proc and live_sys:
+        return None
+    if live_proc != live_sys:
+        live, tree = ("procfs_path", "sysfs_path") if live_proc else ("sysfs_path", "procfs_path")
+        return "%s %s is the live system but %s %s is not" % (
+            live, procfs if live_proc else sysfs, tree, sysfs if live_proc else procfs)
+    if os.path.dirname(real_proc) != os.path.dirname(real_sys):
+        return "procfs_path %s and sysfs_path %s are in different trees (%s, %s)" % (
+            procfs, sysfs, os.path.dirname(real_proc), os.path.dirname(real_sys))
+    return None
+
+
+def check_roots(procfs, sysfs, write=False):
+    """Raise TreeError naming the path when a root is missing or is not a procfs/sysfs.
+
+    With ``write`` also when the two roots are not one system (:func:`roots_mixed`):
+    a write must never mix a captured tree with the live ``/proc`` (it would
+    write the capture's IRQ numbers into this host) nor two different trees.
+    """
+    for (option, marker, what), root in zip(ROOT_MARKERS, (procfs, sysfs)):
+        if not root:
+            raise TreeError("%s is empty" % option, option=option, value=root, expected="a directory such as /%s" % option[:-7])
+        if not os.path.exists(root):
+            raise TreeError("%s %s does not exist" % (option, root), option=option, path=root, value=root,
+                            expected="an existing %s root" % option[:-7])
+        if not os.path.isdir(root):
+            raise TreeError("%s %s is not a directory" % (option, root), option=option, path=root, value=root,
+                            expected="a %s root directory" % option[:-7])
+        if not os.path.exists(join(root, marker)):
+            raise TreeError("%s %s is not %s" % (option, root, what), option=option, path=join(root, marker), value=root,
+                            expected="a %s root with %s" % (option[:-7], marker))
+    if write:
+        why = roots_mixed(procfs, sysfs)
+        if why:
+            raise TreeError(
+                "%s: procfs_path %s and sysfs_path %s are not the same system, and a write never mixes a captured tree "
+                "with the live /proc or /sys; give both roots of one tree (T/proc and T/sys) or neither" % (why, procfs, sysfs),
+                option="procfs_path", value={"procfs_path": procfs, "sysfs_path": sysfs},
+                expected="/proc and /sys, or T/proc and T/sys of one tree",
+            )

@@ -106,6 +106,10 @@ def parse_interrupts(text, keys=None):
             for token in stripped.split():
                 if not (token.startswith("CPU") and token[3:].isdigit()):
                     raise InterruptsError("bad column %r in /proc/interrupts header" % token, value=token, expected="CPUn column names")
+                if cpus and int(token[3:]) <= cpus[-1]:
+                    # the kernel prints online CPUs in ascending order, each once
+                    raise InterruptsError("column %r after CPU%d in /proc/interrupts header" % (token, cpus[-1]), value=token,
+                                          expected="CPUn column names in ascending order, each once")
                 cpus.append(int(token[3:]))
             start = index + 1
         break

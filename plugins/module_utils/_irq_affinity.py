@@ -29,7 +29,7 @@ import errno
 import os
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, format_cpulist, parse_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import check_roots, join
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import read_irqbalance
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_KEYS, NicError, read_irq_state, read_nic
 from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology, sibling_map
@@ -356,6 +356,8 @@ def run_desired_state(desired, check_mode=False, procfs="/proc", sysfs="/sys", r
     unknown = sorted(set(desired) - set(DESIRED_KEYS))
     if unknown:
         raise AffinityError("unknown keys %s in desired state" % ", ".join(unknown), value=unknown, expected="keys from %s" % ", ".join(DESIRED_KEYS))
+    # a write never mixes a captured root with the live one (TreeError names the paths)
+    check_roots(procfs, sysfs, write=True)
     selector = dict((k, desired.get(k)) for k in SELECTOR_KEYS)
     nic = read_nic(selector, procfs=procfs, sysfs=sysfs, run=run)
     topology = read_topology(sysfs=sysfs, procfs=procfs)

@@ -41,6 +41,7 @@ import sys
 import time
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import ALLOWED_COMMANDS
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import AffinityError, run_desired_state
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_KEYS, NicError, read_nic
 
@@ -129,6 +130,11 @@ def main(argv=None, run=None, out=None, sleep=time.sleep, clock=time.monotonic):
         while True:
             try:
                 result = run_desired_state(state, check_mode=check, procfs=procfs, sysfs=sysfs, run=runner)
+            except TreeError as exc:
+                # roots missing, not one system, or a /proc file out of layout: waiting will not fix it
+                out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
+                status = 1
+                break
             except NicError as exc:
                 if clock() < deadline:
                     sleep(0.5)

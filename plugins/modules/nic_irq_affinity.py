@@ -198,7 +198,7 @@ irqbalance:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import DESIRED_KEYS, AffinityError, run_desired_state
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
 
@@ -226,7 +226,7 @@ def main():
     try:
         result = run_desired_state(desired, check_mode=module.check_mode, procfs=procfs, sysfs=sysfs,
                                    run=runner_for_roots(module, procfs, sysfs))
-    except (AffinityError, NicError) as exc:
+    except (AffinityError, NicError, TreeError) as exc:
         module.fail_json(msg=str(exc), changed=False, **exc.details)
     for warning in result.pop("warnings"):
         module.warn(warning)

@@ -19,7 +19,9 @@ description:
     device, and reports the driver, C(numa_node) (C(-1) becomes null with a note) and C(local_cpulist).
   - Lists the IRQs from the PCI function's C(msi_irqs) (or its legacy C(irq)), names them from
     C(/proc/interrupts) and classifies each as a queue IRQ (with its queue index) or a control IRQ, with
-    per-driver rules for mlx5_core, virtio_net, ena, gve, ice, i40e, ixgbe and bnxt_en and a generic fallback.
+    per-driver rules for mlx5_core, virtio_net, ena, gve, ice, i40e, ixgbe, bnxt_en and mana and a generic fallback
+    that never reads a queue number out of a PCI address and takes names with a control word (C(fdir), C(misc),
+    C(hwc), C(async) ...) as control IRQs.
   - Reports each IRQ's C(smp_affinity_list), C(effective_affinity_list) and per-CPU counts, the queue counts
     from C(ethtool -l) and sysfs, the CPU topology (online CPUs, SMT sibling groups read from
     C(thread_siblings_list), NUMA nodes, isolated, nohz_full, default_smp_affinity) and the irqbalance state.
@@ -291,7 +293,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, check_roots, roots_mixed, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import read_irqbalance
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_KEYS, SELECTOR_MUTUALLY_EXCLUSIVE, NicError, read_nic
@@ -311,9 +313,13 @@ def main():
     run = runner_for_roots(module, procfs, sysfs)
     selector = dict((key, params[key]) for key in SELECTOR_KEYS)
     try:
+        check_roots(procfs, sysfs)
         nic = read_nic(selector, procfs=procfs, sysfs=sysfs, run=run)
-    except NicError as exc:
+    except (NicError, TreeError) as exc:
         module.fail_json(msg=str(exc), **exc.details)
+    mixed = roots_mixed(procfs, sysfs)
+    if mixed:
+        module.warn("%s: these facts mix two systems" % mixed)
     topology = read_topology(sysfs=sysfs, procfs=procfs)
     topology.pop("cpu_node")  # derivable from numa_nodes; 1000+ entries on big machines
     nic["topology"] = topology

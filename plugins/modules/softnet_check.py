@@ -91,6 +91,8 @@ options:
     type: bool
     default: false
 notes:
+  - Every threshold must be a finite number >= 0, and O(softirq_pct), O(user_pct) and O(max_link_util_pct) at most
+    100; NaN, infinity and anything else fail before sampling.
   - Take the measurement while the training job runs and moves storage traffic; on an idle host every check
     correctly reports nothing wrong.
   - "Verdict rules, tried in order; the first whose condition holds gives the verdict. RV(verdict_rule) names it, and
@@ -449,10 +451,12 @@ notes:
   elements: str
 """
 
+import math
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, check_roots, roots_mixed, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError, check_selector
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import DEFAULT_INTERVAL, SoftnetError, run_check
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import DEFAULT_THRESHOLDS
 
@@ -468,6 +472,28 @@ ARGUMENT_SPEC = dict(
 ARGUMENT_SPEC.update((key, dict(type="float", default=value)) for key, value in DEFAULT_THRESHOLDS.items())
 
 
+PERCENT_OPTIONS = ("softirq_pct", "user_pct", "max_link_util_pct")
+RATE_OPTIONS = ("squeeze_threshold", "squeeze_quiet")
+
+
+def check_thresholds(params):
+    """Raise SoftnetError for a threshold that is NaN, infinite, negative, or a percentage above 100.
+
+    NaN compares false with everything, so a NaN threshold would silently turn
+    every comparison of the verdict rules (0 squeezes became contention).
+    """
+    for key in RATE_OPTIONS + PERCENT_OPTIONS:
+        value = params.get(key)
+        if value is None:
+            continue
+        if key in PERCENT_OPTIONS:
+            if not (math.isfinite(value) and 0 <= value <= 100):
+                raise SoftnetError("%s %r is not a percentage from 0 to 100" % (key, value), value=value, expected="0 <= %s <= 100" % key)
+        elif not (math.isfinite(value) and value >= 0):
+            raise SoftnetError("%s %r is not a finite number >= 0 (events per 10 s)" % (key, value), value=value,
+                               expected="a finite %s >= 0" % key)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
@@ -477,8 +503,14 @@ def main():
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
     try:
+        check_roots(procfs, sysfs)
+        check_selector(params)
+        check_thresholds(params)
+        mixed = roots_mixed(procfs, sysfs)
+        if mixed:
+            module.warn("%s: the sample mixes two systems" % mixed)
         result = run_check(params, procfs=procfs, sysfs=sysfs, run=runner_for_roots(module, procfs, sysfs))
-    except (SoftnetError, NicError) as exc:
+    except (SoftnetError, NicError, TreeError) as exc:
         module.fail_json(msg=str(exc), changed=False, **getattr(exc, "details", {}))
     if params["fail_on_contention"] and result["verdict"] == "contention":
         module.fail_json(msg="contention: " + "; ".join(result["reasons"]), **result)
