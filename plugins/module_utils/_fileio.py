@@ -130,6 +130,7 @@ def runner_for_roots(module, procfs, sysfs, commands=ALLOWED_COMMANDS):
         return module_runner(module, commands)
     return None
 
+
 # What must exist under each root for it to be a procfs/sysfs at all: without it
 # every reader falls back to its default and the results mislead ("interface
 # does not exist", every IRQ "control").
