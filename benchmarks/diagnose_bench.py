@@ -14,8 +14,8 @@ half in the seed's contention pattern, half healthy), starts one background
 writer that advances every tree's counters (tests/unit/fixtures/softnet_load),
 writes an inventory of N ``ansible_connection=local`` hosts and times:
 
-* ``async``: the playbook as shipped (softnet_check started with async/poll 0 on every host, collected with
-  async_status);
+* ``async``: the playbook as shipped (softnet_check started with async/poll 0 on every host, waited for with
+  wait_for on the job's results file, collected with async_status);
 * ``sequential``: the same playbook with ``diagnose_sequential=true`` (no async: forks hosts sample at a time).
 
 It also measures the module's own CPU time per host: the module run as a process (interpreter start, imports,
