@@ -276,7 +276,10 @@ ansible_facts:
               description: C(systemctl is-enabled) output or the state inferred from unit files.
               type: str
             banned_cpus:
-              description: CPUs from C(IRQBALANCE_BANNED_CPULIST) or the hex C(IRQBALANCE_BANNED_CPUS).
+              description:
+                - The CPUs irqbalance bans, in its own order - a non-empty hex C(IRQBALANCE_BANNED_CPUS), else a
+                  non-empty C(IRQBALANCE_BANNED_CPULIST), else the isolated and nohz_full CPUs.
+                - See M(gpunode.tuning.irqbalance_facts), which also returns C(banned_by), C(isolated) and C(nohz_full).
               type: list
               elements: int
             config_file:

@@ -48,7 +48,7 @@ def test_every_variable_the_role_reads_is_public_or_internal(role):
     used = set()
     for path in (ROOT / "roles" / role).rglob("*"):
         if path.suffix in (".yml", ".j2") and path.is_file():
-            used |= set(re.findall(r"(?<![_\w])(%s_[a-z_]+)" % role, path.read_text()))
+            used |= set(re.findall(r"(?<![_\w.])(%s_[a-z_]+)" % role, path.read_text()))  # not gpunode.tuning.<module>
     status_facts = {"irqbalance_status", "nic_irq_pinning_report", "irqbalance_mode", "irqbalance_banned_cpus",
                     "irqbalance_banned_devices"}
     undeclared = used - declared - status_facts
@@ -63,3 +63,18 @@ def test_template_starts_with_ansible_managed(template):
     lines = (ROOT / template).read_text().splitlines()
     first = lines[1] if lines[0].startswith("#!") else lines[0]
     assert first == "{{ ansible_managed | comment }}"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_internal_variable_is_prefixed_with_the_role(role):
+    """Internals are __<role>_*, as linux-system-roles name them, so two roles' helpers never collide."""
+    import re
+
+    dunder = {"__init__", "__pycache__", "__name__", "__main__", "__file__"}
+    bare = set()
+    for path in (ROOT / "roles" / role).rglob("*"):
+        if path.suffix in (".yml", ".j2") and path.is_file():
+            for name in re.findall(r"(?<![\w.])(__[A-Za-z]\w*)", path.read_text()):
+                if name not in dunder and not name.startswith("__%s_" % role):
+                    bare.add("%s: %s" % (path.relative_to(ROOT), name))
+    assert not bare, sorted(bare)
