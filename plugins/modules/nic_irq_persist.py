@@ -274,6 +274,9 @@ def _present(module, params, procfs, sysfs, run):
     root = root_of(procfs)
     # Validate and plan everything (IRQs and files) before the first write.
     plan = run_desired_state(desired, check_mode=True, procfs=procfs, sysfs=sysfs, run=run)
+    if not plan["pci_address"]:
+        raise AffinityError("%s has no PCI function: expected a PCI network function, whose address finds it again "
+                            "at boot" % plan["interface"], value=plan["interface"], expected="a PCI network function")
     files, actions = {}, []
     if params["persist"]:
         stored = stored_desired_state(desired, plan["pci_address"])

@@ -61,8 +61,8 @@ printf '[Journal]\nStorage=persistent\n' > /etc/systemd/journald.conf.d/gpunode-
 # ship is not an error here, the list is checked by molecule/lab.
 for unit in slurmd.service slurmctld.service munge.service \
         nfs-server.service nfs-kernel-server.service rpcbind.service rpcbind.socket \
-        nfs-client.target podman.socket podman-restart.service \
-        podman-auto-update.timer podman-clean-transient.service; do
+        nfs-client.target nfs-blkmap.service podman.service podman.socket podman-restart.service \
+        podman-auto-update.service podman-auto-update.timer podman-clean-transient.service; do
     systemctl disable "$unit" >/dev/null 2>&1 || true
 done
 

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,10 @@ EXPECT = {
         "irqbalance": False,
     },
 }
+# small-node plus the vmxnet3 whose IRQs exist only once ifupdown opened it at boot.
+EXPECT["open-nic"] = dict(EXPECT["small-node"], open_nic="ens8", open_pci="0000:00:08.0")
+# small-node booted through its own GRUB (lab.py up --boot grub).
+EXPECT["grub-node"] = dict(EXPECT["small-node"], boot="grub")
 
 # One round trip per guest: everything the tests read from sysfs and procfs.
 PROBE = r"""
@@ -133,7 +138,7 @@ def test_cpus_sit_on_the_expected_sockets(guest, expect):
 
 
 def test_only_the_management_and_data_nics_exist(guest, expect):
-    assert sorted(guest["nics"]) == sorted(["ens3", expect["data_nic"]])
+    assert sorted(guest["nics"]) == sorted(["ens3", expect["data_nic"]] + ([expect["open_nic"]] if "open_nic" in expect else []))
     assert guest["nics"]["ens3"]["pci"] == MGMT_PCI
 
 
@@ -196,3 +201,50 @@ def test_host_side_tap_is_multiqueue_and_carries_no_address(name, expect):
         if f"iff:\t{tap}\n" in fdinfo.read_text():
             fds += 1
     assert fds == expect["queues"]
+
+
+def test_open_nic_was_opened_at_boot_and_its_irqs_exist_only_now(host, guest, expect):
+    """vmxnet3 requests its IRQs in ndo_open: named after the interface, one per combined queue plus the event IRQ."""
+    if "open_nic" not in expect:
+        pytest.skip("no open-time NIC in this shape")
+    nic = guest["nics"][expect["open_nic"]]
+    assert (nic["pci"], nic["driver"]) == (expect["open_pci"], "vmxnet3")
+    names = sorted(guest["interrupts"].get(str(irq)) for irq in nic["msi_irqs"])
+    assert names == sorted(["ens8-rxtx-%d" % q for q in range(4)] + ["ens8-event-4"]), names
+    assert "192.168.77.2/24" in host.check_output("ip -br addr show dev ens8")
+    assert host.check_output("systemctl is-active ifup@ens8.service") == "active"
+
+
+def test_guest_is_restored_and_made_its_own(host, name, expect):
+    """Restored from the saved booted state, then given its own hostname and the host's clock."""
+    inst = LAB.load_instance(f"{os.environ['MOLECULE_SCENARIO_NAME']}-{name}")
+    assert inst["restored_from"] and Path(inst["restored_from"], "state.bin").is_file()
+    assert inst["boot"] == expect.get("boot", "direct")
+    assert host.check_output("cat /etc/hostname") == name
+    guest_now = float(host.check_output("date +%s.%N"))
+    assert abs(guest_now - time.time()) < 30, "guest clock not set after the restore"
+    cmdline = host.check_output("cat /proc/cmdline")
+    if expect.get("boot") == "grub":
+        assert cmdline.startswith("BOOT_IMAGE=/boot/vmlinuz-") and "root=UUID=" in cmdline, cmdline
+    else:
+        assert "BOOT_IMAGE" not in cmdline and "root=/dev/vda" in cmdline, cmdline
+
+
+def test_image_has_what_later_scenarios_need_installed_but_not_enabled(host):
+    for unit in ("slurmd", "slurmctld", "munge", "nfs-server", "podman", "podman.socket", "podman-auto-update"):
+        assert host.run("systemctl is-enabled %s" % unit).stdout.strip() in ("disabled", "masked"), unit
+        assert host.run("systemctl is-active %s" % unit).stdout.strip() != "active", unit
+    for cmd in ("slurmd", "munged", "podman", "busybox", "grub-mkconfig", "exportfs", "mount.nfs", "cpupower",
+                "numactl", "mpstat", "iperf3", "stress-ng", "jq", "mksquashfs", "zstd", "pigz", "parallel",
+                "fuse-overlayfs", "curl"):
+        assert host.run("command -v %s" % cmd).rc == 0, cmd
+    assert host.file("/boot/grub-core.lnx").is_file
+    manifest = json.loads(Path(LAB.current_image(), "manifest.json").read_text())
+    if manifest["vendor"]:
+        assert host.run("enroot version").stdout.strip() == "4.1.2"
+        assert host.file("/usr/local/lib/slurm/spank_pyxis.so").is_file
+
+
+def test_journal_is_persistent(host):
+    machine_id = host.check_output("cat /etc/machine-id")
+    assert host.file("/var/log/journal/%s" % machine_id).is_directory

@@ -2,14 +2,14 @@
 # Copyright (c) gpunode.tuning contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The boot-time entry point of nic_irq_pinning, installed the way the role installs it.
+"""The boot-time entry point of nic_irq_pinning, installed the way nic_irq_persist installs it.
 
-The library tree is laid out from the role's own vars (the same __init__.py
-directories, the same _*.py glob), the entry point is rendered from the role's
-template, and it runs in a separate, isolated Python (-I: no PYTHONPATH, no
+The library tree is the import closure of ``_irq_pin_cli`` that the module
+installs (``_persist.library_files``), the entry point is the module's own
+rendering, and it runs in a separate, isolated Python (-I: no PYTHONPATH, no
 script directory) against a generated tree of the lab's gpu-node guest. So
-these tests fail if the role forgets a module_utils file or an __init__.py, or
-if the entry point cannot import the installed copy.
+these tests fail if the closure misses a module_utils file or an __init__.py,
+or if the entry point cannot import the installed copy.
 """
 
 from __future__ import annotations
@@ -20,40 +20,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jinja2
 import pytest
-import yaml
 
+from ansible_collections.gpunode.tuning.plugins.module_utils import _persist
 from treegen import build_tree, lab_virtio
-
-ROOT = Path(__file__).resolve().parents[3]
-ROLE = ROOT / "roles" / "nic_irq_pinning"
-
-
-def _render(template, **variables):
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    env.filters["comment"] = lambda text: "\n".join("# " + line for line in text.splitlines())
-    env.filters["to_json"] = json.dumps
-    env.filters["basename"] = lambda p: Path(p).name
-    return env.from_string((ROLE / "templates" / template).read_text()).render(**variables)
 
 
 @pytest.fixture
 def installed(tmp_path):
-    """lib dir + entry point, as persist.yml lays them out."""
-    role_vars = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    """lib dir + entry point, as nic_irq_persist lays them out."""
     lib = tmp_path / "lib"
-    for rel in role_vars["__nic_irq_pinning_init_dirs"]:
-        (lib / rel).mkdir(parents=True, exist_ok=True)
-        (lib / rel / "__init__.py").write_text("")
-    pkg = lib / "ansible_collections/gpunode/tuning/plugins/module_utils"
-    for src in sorted((ROOT / "plugins" / "module_utils").glob("_*.py")):
-        shutil.copy(src, pkg / src.name)
+    for rel, data in _persist.library_files().items():
+        (lib / rel).parent.mkdir(parents=True, exist_ok=True)
+        (lib / rel).write_bytes(data)
     entry = tmp_path / "gpunode-nic-irq-pin"
-    entry.write_text(_render(
-        "gpunode-nic-irq-pin.j2", ansible_managed="Ansible managed", nic_irq_pinning_python=sys.executable,
-        nic_irq_pinning_lib_dir=str(lib), nic_irq_pinning_entry_point="/usr/local/sbin/gpunode-nic-irq-pin",
-    ))
+    entry.write_text(_persist.entry_point(sys.executable, str(lib), entry.name))
     entry.chmod(0o755)
     return entry
 

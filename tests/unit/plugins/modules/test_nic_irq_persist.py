@@ -232,3 +232,49 @@ def test_bad_settings_fail_naming_the_value_and_change_nothing(lab, key, value, 
     kind, res = run(args(lab, **{key: value}))
     assert kind is Fail and word in res["msg"] and repr(value) in res["msg"], res["msg"]
     assert snapshot(lab.root) == before
+
+
+# Verification (formerly the role's verify.yml, now in the module) ---------------
+
+SEED_PCI = "0000:00:07.0"
+
+
+@pytest.fixture
+def seed_managed(tmp_path):
+    spec = treegen.seed_vm()
+    for irq in spec["nics"][0]["irqs"]:
+        irq["managed"] = irq["irq"] == 63                  # debugfs: only mlx5_comp3 is kernel-managed
+    return treegen.build_tree(tmp_path / "seed", spec)
+
+
+def test_verify_leaves_the_kernel_managed_irq_out_and_names_it(seed_managed):
+    tree = seed_managed
+    kind, res = run(dict(pci_address=SEED_PCI, cpus="160-170", persist=False,
+                         procfs_path=tree.proc, sysfs_path=tree.sys))
+    assert kind is Exit, res
+    assert tree.affinity(63) == "3"                              # never written
+    assert [tree.affinity(60 + q) for q in range(11) if q != 3] == [str(160 + q) for q in range(11) if q != 3]
+    assert res["verified"] is True
+    assert res["unchangeable"] == ["63 mlx5_comp3@pci:%s: kernel-managed, left at 3" % SEED_PCI]
+    # Converged: check mode shows no drift for the managed IRQ either.
+    kind, res = run(dict(pci_address=SEED_PCI, cpus="160-170", persist=False,
+                         procfs_path=tree.proc, sysfs_path=tree.sys), check=True)
+    assert kind is Exit and res["changed"] is False and res["drift"] == []
+
+
+def test_verify_fails_when_a_pinned_irq_is_moved_before_the_read_back(seed_managed, monkeypatch):
+    tree = seed_managed
+    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_affinity
+    real = _irq_affinity.apply_plan
+
+    def apply_then_someone_moves_queue_4(plan, **kw):
+        out = real(plan, **kw)
+        tree.set_affinity(64, [5])                           # irqbalance, a driver reset...
+        return out
+
+    monkeypatch.setattr(_irq_affinity, "apply_plan", apply_then_someone_moves_queue_4)
+    kind, res = run(dict(pci_address=SEED_PCI, cpus="160-170", persist=False,
+                         procfs_path=tree.proc, sysfs_path=tree.sys))
+    assert kind is Fail and res["verified"] is False
+    assert "64 mlx5_comp4@pci:%s: 5, planned 164" % SEED_PCI in res["msg"], res["msg"]
+    assert "63 mlx5_comp3" not in res["msg"]
