@@ -60,6 +60,8 @@ STATE = Path(os.environ.get("GPUNODE_LAB_STATE", "/run/gpunode-lab"))
 BOOT_TIMEOUT = int(os.environ.get("GPUNODE_LAB_BOOT_TIMEOUT", "300"))
 KVM_PROBE_TIMEOUT = int(os.environ.get("GPUNODE_LAB_KVM_PROBE_TIMEOUT", "90"))
 KEEP = int(os.environ.get("GPUNODE_LAB_KEEP", "3"))
+# The cold boot that saves a state (once per image and key) may take longer.
+SAVE_BOOT_TIMEOUT = int(os.environ.get("GPUNODE_LAB_SAVE_BOOT_TIMEOUT", "900"))
 
 TAP_PREFIX = "glab"
 
@@ -889,7 +891,9 @@ def saved_state(image: Path, shape: str, accel: str, kernel_args: str, boot: str
     if (final / "manifest.json").exists():
         if json.loads((final / "manifest.json").read_text()).get("qemu") == version:
             return final
-    with locked(image / "states" / f".{key}.lock"):
+    # One save at a time, whatever the key: a cold boot under TCG needs the
+    # machine's cores (four at once on 2 cores missed a 300 s boot timeout).
+    with locked(image / "states" / ".save.lock"):
         if (final / "manifest.json").exists():
             if json.loads((final / "manifest.json").read_text()).get("qemu") == version:
                 return final
@@ -899,10 +903,10 @@ def saved_state(image: Path, shape: str, accel: str, kernel_args: str, boot: str
         port = free_port()
         log(f"saving a booted {shape} ({boot} boot{', ' + kernel_args if kernel_args else ''}): cold boot of {name}")
         try:
-            inst = up(name, shape, port, accel=accel, timeout=timeout, hostname="gpunode-lab",
+            inst = up(name, shape, port, accel=accel, timeout=max(timeout, SAVE_BOOT_TIMEOUT), hostname="gpunode-lab",
                       kernel_args=kernel_args, boot="direct" if boot == "grub" else boot, cold=True)
             if boot == "grub":
-                _switch_to_grub(inst, image, kernel_args, timeout)
+                _switch_to_grub(inst, image, kernel_args, max(timeout, SAVE_BOOT_TIMEOUT))
             d = inst_dir(name)
             sock = d / "monitor.sock"
             hmp(sock, "migrate_set_parameter max-bandwidth 20G")
