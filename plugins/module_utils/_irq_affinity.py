@@ -10,8 +10,16 @@ Private module_utils of gpunode.tuning, standard library only.
   output and returns a :class:`Plan` (or raises :class:`AffinityError`).
 * :func:`apply_plan` is the only code that writes. It writes
   ``/proc/irq/N/smp_affinity_list`` only where the plan changes it, reports
-  EIO/EPERM refusals (managed IRQs) as ``unchangeable`` and, on any other
-  error, restores what it already changed before raising.
+  EIO/EPERM refusals (managed IRQs) as ``unchangeable`` with the value read
+  back and, on any other error, restores what it already changed before
+  raising; an IRQ whose previous value could not be read is never written
+  back (an empty write resets the IRQ): the error says so instead.
+* Kernel-managed IRQs are known before writing where the kernel tells
+  (``IRQD_AFFINITY_MANAGED`` in ``/sys/kernel/debug/irq/irqs/N``, see
+  ``_nic.read_managed``), and a refusal is remembered for the rest of the boot
+  in ``/run/gpunode/irq-affinity-refused.json`` (:func:`read_refusals`,
+  :func:`record_refusals`), so a check-mode run on a converged host plans no
+  change for them.
 * :func:`run_desired_state` chains them for the ``nic_irq_affinity`` module
   and for the boot-time CLI in ``_irq_pin_cli``.
 
@@ -26,16 +34,22 @@ before they share one. With more queues than CPUs the order wraps around.
 from __future__ import annotations
 
 import errno
+import json
 import os
+import tempfile
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, format_cpulist, parse_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import check_roots, join
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import check_roots, join, read_raw, read_text
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import read_irqbalance
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_KEYS, NicError, read_irq_state, read_nic
 from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology, sibling_map
 
 DESIRED_KEYS = SELECTOR_KEYS + ("cpus", "count", "exclude_cpus", "numa_local", "whole_cores", "allow_irqbalance", "strict")
 MANAGED_ERRNOS = (errno.EIO, errno.EPERM)
+# Refusals seen in this boot, under the system root (root_of(procfs)): IRQ
+# numbers and their managed state are valid for one boot, and /run is emptied
+# at every boot.
+REFUSALS_FILE = "run/gpunode/irq-affinity-refused.json"
 
 
 class AffinityError(Exception):
@@ -59,8 +73,8 @@ class PlanItem(object):
             "name": self.name,
             "kind": self.kind,
             "queue": self.queue,
-            "before": format_cpulist(self.before),
-            "after": format_cpulist(self.after),
+            "before": None if self.before is None else format_cpulist(self.before),
+            "after": None if self.after is None else format_cpulist(self.after),
             "effective": None if self.effective is None else format_cpulist(self.effective),
             "status": self.status,
         }
@@ -92,7 +106,8 @@ class Plan(object):
             lines = [header]
             for item in self.items:
                 queue = "-" if item.queue is None else str(item.queue)
-                lines.append("%-6d %-*s %-6s %s\n" % (item.irq, width, item.name, queue, format_cpulist(getattr(item, attr))))
+                value = getattr(item, attr)
+                lines.append("%-6d %-*s %-6s %s\n" % (item.irq, width, item.name, queue, "?" if value is None else format_cpulist(value)))
             return "".join(lines)
 
         return {
@@ -220,8 +235,30 @@ def _validate_explicit(cpus, topology, exclude, nic, warnings):
         warnings.append("CPUs %s are isolated or nohz_full: IRQs there disturb the isolated work" % format_cpulist(sorted(special)))
 
 
-def plan_affinity(nic, topology, cpus=None, count=None, exclude_cpus=None, numa_local=True, whole_cores=True):
-    """Return the :class:`Plan` that pins ``nic``'s queue IRQs; raise AffinityError on bad input."""
+def _cpus_text(cpus):
+    return "unknown" if cpus is None else format_cpulist(cpus)
+
+
+def _kept_reason(entry, refused):
+    """Why the kernel will not take a new affinity for ``entry``, or None when it may."""
+    if entry.get("managed"):
+        return "kernel-managed (IRQD_AFFINITY_MANAGED in debugfs)"
+    record = refused.get(entry["irq"])
+    if record and record.get("name") == entry["name"]:
+        return "the kernel refused writing %s to it earlier in this boot (%s)" % (record.get("value"), record.get("errno"))
+    return None
+
+
+def plan_affinity(nic, topology, cpus=None, count=None, exclude_cpus=None, numa_local=True, whole_cores=True,
+                  refused=None, strict=False):
+    """Return the :class:`Plan` that pins ``nic``'s queue IRQs; raise AffinityError on bad input.
+
+    ``refused`` is :func:`read_refusals` output: IRQs the kernel refused in
+    this boot. They, and IRQs that debugfs shows as kernel-managed, are
+    planned as ``unchangeable`` (left as they are), or refused with ``strict``.
+    An IRQ whose current affinity cannot be read has ``before`` None.
+    """
+    refused = refused or {}
     warnings = []
     exclude = set(_cpus_arg(exclude_cpus, "exclude_cpus") or [])
     explicit = _cpus_arg(cpus, "cpus")
@@ -251,6 +288,7 @@ def plan_affinity(nic, topology, cpus=None, count=None, exclude_cpus=None, numa_
     queue_cpu = dict((queue, order[index % len(order)]) for index, queue in enumerate(queues))
     items = []
     control = []
+    kept = []
     for entry in nic["irqs"]:
         before = entry["affinity"]
         effective = entry.get("effective_affinity")
@@ -258,15 +296,30 @@ def plan_affinity(nic, topology, cpus=None, count=None, exclude_cpus=None, numa_
             after = [queue_cpu[entry["queue"]]]
         else:
             after = before
-            control.append("%d %s (%s)" % (entry["irq"], entry["name"] or "?", format_cpulist(before)))
-        if after != before:
+            control.append("%d %s (%s)" % (entry["irq"], entry["name"] or "?", _cpus_text(before)))
+        reason = _kept_reason(entry, refused) if after != before else None
+        if reason:
+            kept.append((entry, after, reason))
+            status, after = "unchangeable", before
+        elif after != before:
             status = "would_change"
-        elif effective is not None and not set(effective) <= set(after):
+        elif effective is not None and after is not None and not set(effective) <= set(after):
             status = "pending"
         else:
             status = "unchanged"
         items.append(PlanItem(entry["irq"], entry["name"], entry["kind"], entry["queue"], entry.get("direction"),
                               before, after, effective, status))
+    if kept and strict:
+        entry, wanted, reason = kept[0]
+        raise AffinityError(
+            "IRQ %d (%s) cannot be moved to %s: %s; strict is set, so nothing was written"
+            % (entry["irq"], entry["name"], format_cpulist(wanted), reason),
+            irq=entry["irq"], value=format_cpulist(wanted), expected="an IRQ the kernel lets user space move, or strict=false",
+            unchangeable=[k[0]["irq"] for k in kept],
+        )
+    for entry, wanted, reason in kept:
+        warnings.append("IRQ %d (%s) is left at %s, not moved to %s: %s"
+                        % (entry["irq"], entry["name"], _cpus_text(entry["affinity"]), format_cpulist(wanted), reason))
     if control:
         warnings.append("control IRQs left where they are: %s" % "; ".join(control))
     return Plan(nic, target, items, warnings)
@@ -280,17 +333,20 @@ def _write_file(path, text):
         os.close(fd)
 
 
-def apply_plan(plan, procfs="/proc", strict=False, write=None):
+def apply_plan(plan, procfs="/proc", strict=False, write=None, refusals=None):
     """Write the plan's changes; return the plan with statuses updated.
 
     ``write(path, text)`` defaults to a single ``write(2)`` without O_CREAT.
-    EIO/EPERM (the kernel refusing a managed IRQ) gives ``unchangeable``, or,
-    with ``strict``, a rollback and an error. Any other error restores the IRQs
-    changed so far (newest first) and raises AffinityError naming IRQ, value
-    and error.
+    EIO/EPERM (the kernel refusing a managed IRQ) gives ``unchangeable`` with
+    ``after`` read back from the file, and is remembered in ``refusals``
+    (default: :data:`REFUSALS_FILE` under ``root_of(procfs)``); with
+    ``strict`` it is a rollback and an error. Any other error restores the
+    IRQs changed so far (newest first) and raises AffinityError naming IRQ,
+    value and error.
     """
     write = write or _write_file
     done = []
+    refused = []
     for item in plan.items:
         if item.status != "would_change":
             continue
@@ -301,10 +357,7 @@ def apply_plan(plan, procfs="/proc", strict=False, write=None):
         except OSError as exc:
             if exc.errno in MANAGED_ERRNOS and not strict:
                 item.status = "unchangeable"
-                plan.warnings.append(
-                    "IRQ %d (%s) is kernel-managed: writing %s failed with %s; left at %s"
-                    % (item.irq, item.name, value, errno.errorcode.get(exc.errno, exc.errno), format_cpulist(item.before))
-                )
+                refused.append((item, value, errno.errorcode.get(exc.errno, str(exc.errno))))
                 continue
             restored = _rollback(done, procfs, write)
             raise AffinityError(
@@ -315,15 +368,81 @@ def apply_plan(plan, procfs="/proc", strict=False, write=None):
             )
         done.append(item)
         item.status = "changed"
-    for item in done:
-        item.after, item.effective = read_irq_state(procfs, item.irq)
+    for item in done + [r[0] for r in refused]:
+        after, item.effective = read_irq_state(procfs, item.irq)
+        item.after = after if after is not None else item.before
+    for item, value, code in refused:
+        plan.warnings.append(
+            "IRQ %d (%s) is kernel-managed: writing %s failed with %s; it reads back %s"
+            % (item.irq, item.name, value, code, _cpus_text(item.after))
+        )
+    if refused:
+        problem = record_refusals([(item.irq, item.name, value, code) for item, value, code in refused], procfs=procfs,
+                                  path=refusals)
+        if problem:
+            plan.warnings.append(problem)
     return plan
+
+
+def _refusals_path(procfs, path=None):
+    return path or join(root_of(procfs), REFUSALS_FILE)
+
+
+def _boot_id(procfs):
+    return read_text(join(procfs, "sys/kernel/random/boot_id"))
+
+
+def read_refusals(procfs="/proc", path=None):
+    """IRQs whose affinity write the kernel refused in this boot: ``{irq: {"name", "value", "errno"}}``.
+
+    Empty when there is no record, it cannot be parsed, or it is from another
+    boot (``/proc/sys/kernel/random/boot_id`` differs).
+    """
+    try:
+        data = json.loads(read_raw(_refusals_path(procfs, path)) or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(data, dict) or data.get("boot_id") != _boot_id(procfs) or not isinstance(data.get("irqs"), dict):
+        return {}
+    return dict((int(k), v) for k, v in data["irqs"].items() if k.isdigit() and isinstance(v, dict))
+
+
+def record_refusals(entries, procfs="/proc", path=None):
+    """Add ``(irq, name, value, errno)`` refusals to the record of this boot; return None or a warning text.
+
+    Written through a temporary file in the same directory and renamed (mode
+    0644, directory 0755), so a reader never sees half a file.
+    """
+    target = _refusals_path(procfs, path)
+    irqs = read_refusals(procfs, path)
+    for irq, name, value, code in entries:
+        irqs[irq] = {"name": name, "value": value, "errno": code}
+    text = json.dumps({"boot_id": _boot_id(procfs), "irqs": dict((str(k), irqs[k]) for k in sorted(irqs))},
+                      indent=1, sort_keys=True) + "\n"
+    tmp = None
+    try:
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".irq-affinity-refused.", dir=os.path.dirname(target))
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.rename(tmp, target)
+    except OSError as exc:
+        if tmp and os.path.exists(tmp):
+            os.unlink(tmp)
+        return "could not remember the refused IRQs in %s (%s): check mode will plan them again" % (target, exc)
+    return None
 
 
 def _rollback(done, procfs, write):
     restored, failed = [], []
     for item in reversed(done):
         path = join(procfs, "irq", str(item.irq), "smp_affinity_list")
+        if item.before is None:
+            # Never write an unknown (empty) value: on a real kernel that resets the IRQ.
+            failed.append({"irq": item.irq, "value": None, "error": "its previous affinity could not be read; left at %s"
+                           % format_cpulist(item.after)})
+            continue
         try:
             write(path, format_cpulist(item.before) + "\n")
             restored.append(item.irq)
@@ -332,7 +451,7 @@ def _rollback(done, procfs, write):
         except OSError as exc:
             failed.append({"irq": item.irq, "value": format_cpulist(item.before), "error": str(exc)})
     if failed:
-        summary = "rollback FAILED for IRQs %s" % ", ".join(str(f["irq"]) for f in failed)
+        summary = "rollback FAILED for IRQs %s" % "; ".join("%d (%s)" % (f["irq"], f["error"]) for f in failed)
     elif restored:
         summary = "restored IRQs %s to their previous affinity" % ", ".join(str(i) for i in restored)
     else:
@@ -364,6 +483,7 @@ def run_desired_state(desired, check_mode=False, procfs="/proc", sysfs="/sys", r
     plan = plan_affinity(
         nic, topology, cpus=desired.get("cpus"), count=desired.get("count"), exclude_cpus=desired.get("exclude_cpus"),
         numa_local=desired.get("numa_local", True) is not False, whole_cores=desired.get("whole_cores", True) is not False,
+        refused=read_refusals(procfs), strict=bool(desired.get("strict")),
     )
     irqbalance = read_irqbalance(root_of(procfs), run=run)
     if irqbalance["active"]:
@@ -394,4 +514,83 @@ def run_desired_state(desired, check_mode=False, procfs="/proc", sysfs="/sys", r
     }
 
 
-__all__ = ["AffinityError", "NicError", "Plan", "PlanItem", "apply_plan", "plan_affinity", "run_desired_state"]
+# The pinning options of a module, beside the NIC selector (nic_irq_affinity, nic_irq_persist).
+PIN_ARGUMENT_SPEC = dict(
+    cpus=dict(type="raw"),
+    count=dict(type="int"),
+    exclude_cpus=dict(type="raw"),
+    numa_local=dict(type="bool", default=True),
+    whole_cores=dict(type="bool", default=True),
+    allow_irqbalance=dict(type="bool", default=False),
+    strict=dict(type="bool", default=False),
+)
+
+
+def _cpulist_text(value):
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def stored_desired_state(desired, pci_address):
+    """The desired state as stored on the node: the NIC by its PCI address (found from
+    the selector on this run), the CPUs or the policy; never an IRQ number or a name."""
+    stored = {"pci_address": pci_address}
+    cpus = _cpulist_text(desired.get("cpus"))
+    if cpus:
+        stored["cpus"] = cpus
+    elif desired.get("count"):
+        stored["count"] = int(desired["count"])
+    exclude = _cpulist_text(desired.get("exclude_cpus"))
+    if exclude:
+        stored["exclude_cpus"] = exclude
+    for key, default in (("numa_local", True), ("whole_cores", True), ("allow_irqbalance", False), ("strict", False)):
+        value = desired.get(key)
+        stored[key] = default if value is None else bool(value)
+    return stored
+
+
+def verify_pins(result, procfs="/proc", sysfs="/sys", run=None):
+    """Read the NIC of ``result`` (from :func:`run_desired_state`) again and compare every
+    queue IRQ's smp_affinity_list with its planned value.
+
+    Returns ``mismatch`` (not where planned, or not planned at all), ``unchangeable``
+    (kernel-managed: left out of the comparison, named) and ``lagging`` (effective
+    affinity not followed yet: it moves with the next interrupt; never a failure).
+    """
+    planned = dict((i["irq"], i) for i in result["irqs"] if i["kind"] == "queue")
+    nic = read_nic({"pci_address": result["pci_address"]}, procfs=procfs, sysfs=sysfs, run=run)
+    out = {"mismatch": [], "unchangeable": [], "lagging": []}
+    for entry in nic["irqs"]:
+        if entry["kind"] != "queue":
+            continue
+        label = "%d %s" % (entry["irq"], entry["name"])
+        item = planned.get(entry["irq"])
+        now = format_cpulist(entry["affinity"]) if entry["affinity"] is not None else None
+        if item is None:
+            out["mismatch"].append("%s: not in the plan" % label)
+        elif item["status"] == "unchangeable":
+            out["unchangeable"].append("%s: kernel-managed, left at %s" % (label, now))
+        elif now != item["after"]:
+            out["mismatch"].append("%s: %s, planned %s" % (label, now, item["after"]))
+        elif entry["effective_affinity"] is not None and set(entry["effective_affinity"]) - set(entry["affinity"] or []):
+            out["lagging"].append("%s: effective %s, set %s" % (label, format_cpulist(entry["effective_affinity"]), now))
+    return out
+
+
+__all__ = [
+    "AffinityError",
+    "PIN_ARGUMENT_SPEC",
+    "stored_desired_state",
+    "verify_pins",
+    "NicError",
+    "Plan",
+    "PlanItem",
+    "apply_plan",
+    "plan_affinity",
+    "read_refusals",
+    "record_refusals",
+    "run_desired_state",
+]

@@ -25,8 +25,17 @@ description:
   - Control IRQs (C(mlx5_async), C(virtioN-config), C(ena-mgmnt) ...) are left where they are, with a warning.
   - Everything is validated before the first write. A write is made only where the affinity differs. A write the
     kernel refuses with EIO (kernels before 6.12) or EPERM (6.12 and later) marks a kernel-managed IRQ; it is
-    reported as V(unchangeable), an error only with O(strict). Any other write error restores the IRQs already
-    changed in this run, then fails naming the IRQ, the value and the error.
+    reported as V(unchangeable) with the value read back from the file, an error only with O(strict). Any other
+    write error restores the IRQs already changed in this run, then fails naming the IRQ, the value and the error.
+    An IRQ whose previous value could not be read is never written back with an empty value (that would reset it
+    on a real kernel); the error names it instead.
+  - "Kernel-managed IRQs are found before writing where the kernel tells: C(IRQD_AFFINITY_MANAGED) in
+    C(/sys/kernel/debug/irq/irqs/N) (debugfs mounted, read as root; under O(sysfs_path) on a captured tree, where a
+    missing debugfs means unknown). Such IRQs are planned as V(unchangeable) and not written, in check mode too."
+  - "A refusal is remembered for the rest of the boot in C(/run/gpunode/irq-affinity-refused.json) (under the tree's
+    root for a captured tree), by IRQ number and name, so later runs, check mode included, plan those IRQs as
+    V(unchangeable) instead of V(would_change): a converged host shows no drift. The record is written only by a
+    real run that saw a refusal."
   - An IRQ whose C(effective_affinity_list) has not followed its C(smp_affinity_list) yet (it moves at the next
     interrupt) is reported as V(pending) and never rewritten for that.
 author:
@@ -79,7 +88,8 @@ options:
   strict:
     description:
       - Treat an IRQ the kernel refuses to move (managed IRQ, EIO or EPERM) as an error; the IRQs changed so far
-        are restored first.
+        are restored first. An IRQ known to be managed before writing (debugfs, or a refusal remembered in this
+        boot) fails the run before anything is written.
     type: bool
     default: false
 notes:
@@ -155,11 +165,13 @@ irqs:
       description: Queue index, null for control IRQs.
       type: int
     before:
-      description: smp_affinity_list before this run.
+      description: smp_affinity_list before this run; null when it could not be read.
       type: str
       sample: "3"
     after:
-      description: smp_affinity_list after this run (read back after a write), or planned in check mode.
+      description: >-
+        smp_affinity_list after this run (read back after a write, also after a refused write), or planned in check
+        mode; for V(unchangeable) IRQs the value they keep.
       type: str
       sample: "163"
     effective:
@@ -168,7 +180,8 @@ irqs:
     status:
       description: >-
         V(unchanged), V(changed), V(would_change) (check mode), V(pending) (affinity already right, effective
-        affinity not yet followed) or V(unchangeable) (kernel-managed IRQ).
+        affinity not yet followed) or V(unchangeable) (kernel-managed IRQ: shown by debugfs, refused now, or refused
+        earlier in this boot; not counted as a change).
       type: str
 irqbalance:
   description: irqbalance state seen before planning.
@@ -199,19 +212,11 @@ irqbalance:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import DESIRED_KEYS, AffinityError, run_desired_state
+from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
+    DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, run_desired_state)
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
 
-ARGUMENT_SPEC = dict(
-    SELECTOR_ARGUMENT_SPEC,
-    cpus=dict(type="raw"),
-    count=dict(type="int"),
-    exclude_cpus=dict(type="raw"),
-    numa_local=dict(type="bool", default=True),
-    whole_cores=dict(type="bool", default=True),
-    allow_irqbalance=dict(type="bool", default=False),
-    strict=dict(type="bool", default=False),
-)
+ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC, **PIN_ARGUMENT_SPEC)
 
 
 def main():

@@ -43,6 +43,19 @@ attributes:
     details: Sets C(ansible_facts.nic_irq).
 extends_documentation_fragment:
   - gpunode.tuning.nic_selector
+options:
+  irq_affinity_format:
+    description:
+      - How the CPU sets of each IRQ are returned. Every CPU set is returned as a kernel-style CPU list string
+        (C(affinity_list), C(effective_affinity_list), C(local_cpus_list), C(topology.online_list) ...), the format
+        of the C(/proc) and C(/sys) files.
+      - V(both) also returns each IRQ's C(affinity) and C(effective_affinity) as lists of integers.
+      - V(string) leaves those two integer lists out. Use it on big machines; before tuning every IRQ allows every
+        CPU, and on 1152 CPUs the integer lists are most of the output (see C(benchmarks/nic_irq_facts_results.md)).
+      - The NIC's and the topology's integer lists are returned in both formats.
+    type: str
+    choices: [both, string]
+    default: both
 notes:
   - On a captured tree (O(procfs_path)/O(sysfs_path) not the live roots) irqbalance is read from the tree's
     parent directory (its C(etc/), C(lib/systemd/), C(proc/*/comm)).
@@ -66,6 +79,15 @@ EXAMPLES = r"""
 - name: Show where the queue IRQs are
   ansible.builtin.debug:
     msg: "{{ ansible_facts.nic_irq.irqs | selectattr('kind', 'equalto', 'queue') | map(attribute='affinity') | list }}"
+
+- name: On a big machine, give the IRQs' CPU sets as CPU list strings only
+  gpunode.tuning.nic_irq_facts:
+    interface: ens7
+    irq_affinity_format: string
+
+- name: Show where the queue IRQs are, as the /proc files show it
+  ansible.builtin.debug:
+    msg: "{{ ansible_facts.nic_irq.irqs | selectattr('kind', 'equalto', 'queue') | map(attribute='affinity_list') | list }}"
 
 - name: Read a captured tree instead of this host
   gpunode.tuning.nic_irq_facts:
@@ -131,6 +153,10 @@ ansible_facts:
           description: CPUs local to the PCI function.
           type: list
           elements: int
+        local_cpus_list:
+          description: The same CPUs as a CPU list string.
+          type: str
+          sample: "0-63,128-191"
         queues:
           description: Queue counts; C(ethtool) values are null when ethtool did not run or printed C(n/a).
           type: dict
@@ -190,13 +216,31 @@ ansible_facts:
               description: V(rx), V(tx) or V(txrx) for queue IRQs, null for control IRQs.
               type: str
             affinity:
-              description: CPUs from C(smp_affinity_list).
+              description:
+                - CPUs from C(smp_affinity_list); null when the file cannot be read.
+                - Only with O(irq_affinity_format=both).
               type: list
               elements: int
+            affinity_list:
+              description: C(smp_affinity_list) as a CPU list string; null when the file cannot be read.
+              type: str
+              sample: "0-1151"
             effective_affinity:
-              description: CPUs from C(effective_affinity_list); null when the kernel has no such file.
+              description:
+                - CPUs from C(effective_affinity_list); null when the kernel has no such file.
+                - Only with O(irq_affinity_format=both).
               type: list
               elements: int
+            effective_affinity_list:
+              description: C(effective_affinity_list) as a CPU list string; null when the kernel has no such file.
+              type: str
+              sample: "17"
+            managed:
+              description:
+                - Whether the kernel manages the IRQ's affinity (C(IRQD_AFFINITY_MANAGED) in
+                  C(/sys/kernel/debug/irq/irqs/N)); such an IRQ cannot be moved from user space.
+                - Null when unknown (debugfs not mounted or not readable; read under O(sysfs_path)).
+              type: bool
             counts:
               description: Non-zero interrupt counts by CPU id (keys are CPU ids as strings in JSON).
               type: dict
@@ -215,14 +259,23 @@ ansible_facts:
               description: Online CPUs.
               type: list
               elements: int
+            online_list:
+              description: The same as a CPU list string.
+              type: str
             present:
               description: Present CPUs.
               type: list
               elements: int
+            present_list:
+              description: The same as a CPU list string.
+              type: str
             possible:
               description: Possible CPUs.
               type: list
               elements: int
+            possible_list:
+              description: The same as a CPU list string.
+              type: str
             nr_cpu_ids:
               description: Number of possible CPU ids.
               type: int
@@ -241,14 +294,23 @@ ansible_facts:
               description: CPUs in C(/sys/devices/system/cpu/isolated).
               type: list
               elements: int
+            isolated_list:
+              description: The same as a CPU list string (empty when none).
+              type: str
             nohz_full:
               description: CPUs in C(/sys/devices/system/cpu/nohz_full).
               type: list
               elements: int
+            nohz_full_list:
+              description: The same as a CPU list string (empty when none).
+              type: str
             default_smp_affinity:
               description: CPUs of C(/proc/irq/default_smp_affinity).
               type: list
               elements: int
+            default_smp_affinity_list:
+              description: The same as a CPU list string; null when the file cannot be read.
+              type: str
             notes:
               description: Notes about missing topology files.
               type: list
@@ -299,10 +361,18 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, check_roots, roots_mixed, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import read_irqbalance
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_KEYS, SELECTOR_MUTUALLY_EXCLUSIVE, NicError, read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic import (
+    IRQ_AFFINITY_FORMATS,
+    SELECTOR_ARGUMENT_SPEC,
+    SELECTOR_KEYS,
+    SELECTOR_MUTUALLY_EXCLUSIVE,
+    NicError,
+    add_cpulist_strings,
+    read_nic,
+)
 from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology
 
-ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC)
+ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC, irq_affinity_format=dict(type="str", choices=list(IRQ_AFFINITY_FORMATS), default="both"))
 
 
 def main():
@@ -325,6 +395,7 @@ def main():
         module.warn("%s: these facts mix two systems" % mixed)
     topology = read_topology(sysfs=sysfs, procfs=procfs)
     topology.pop("cpu_node")  # derivable from numa_nodes; 1000+ entries on big machines
+    add_cpulist_strings(nic, topology, irq_affinity_format=params["irq_affinity_format"])
     nic["topology"] = topology
     nic["irqbalance"] = read_irqbalance(root_of(procfs), run=run)
     module.exit_json(changed=False, ansible_facts={"nic_irq": nic})

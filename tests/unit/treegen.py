@@ -43,7 +43,10 @@ same; ``virtio-pci`` for virtio), ``virtio`` (child device name such as
 ``rx_queues``/``tx_queues`` (sysfs queue dirs), ``addresses`` (list of
 ``"10.0.0.5/24"``), ``ethtool_l`` (recorded ``ethtool -l`` output or None),
 ``irqs``: list of IRQ dicts ``{"irq", "name", "affinity": [cpus],
-"effective": [cpus] or None (no file), "counts": {cpu: n}, "chip"}``,
+"effective": [cpus] or None (no file), "counts": {cpu: n}, "chip",
+"managed": True/False}`` (with ``managed``, ``sys/kernel/debug/irq/irqs/N``
+is written in the kernel's layout, :func:`debugfs_irq_text`; without it no
+debugfs file, as when debugfs is not mounted),
 ``legacy_irq`` (int written to the PCI ``irq`` file).
 
 IRQ list helpers: :func:`mlx5_irqs`, :func:`virtio_irqs`, :func:`named_irqs`.
@@ -394,6 +397,26 @@ def _interrupts_text(spec, rows, online):
     return "".join(out)
 
 
+def debugfs_irq_text(row, managed):
+    """``/sys/kernel/debug/irq/irqs/N`` as kernel/irq/debugfs.c prints it (layout of the x86 captures in
+    fixtures/captures/debugfs_irq/): state bits one per line under ``dstate:``, IRQD_AFFINITY_MANAGED when managed."""
+    bits = ["IRQD_ACTIVATED", "IRQD_IRQ_STARTED", "IRQD_SINGLE_TARGET"]
+    bits += ["IRQD_AFFINITY_MANAGED", "IRQD_AFFINITY_ON_ACTIVATE"] if managed else ["IRQD_MOVE_PCNTXT", "IRQD_CAN_RESERVE"]
+    bits.append("IRQD_HANDLE_ENFORCE_IRQCTX")
+    aff = row.get("affinity") or [0]
+    eff = row.get("effective") or aff[:1]
+    return "".join([
+        "handler:  handle_edge_irq\n", "device:   %s\n" % row.get("pci", "(null)"), "status:   0x00004000\n",
+        "istate:   0x00004000\n", "ddepth:   0\n", "wdepth:   0\n",
+        "dstate:   0x%08x\n" % (0x31600200 if managed else 0x1d408200),
+        "".join("            %s\n" % b for b in bits),
+        "node:     0\n", "affinity: %s\n" % cpulist(aff), "effectiv: %s\n" % cpulist(eff), "pending:\n",
+        "domain:  PCI-MSIX-%s-12\n" % row.get("pci", "0000:00:00.0"), " hwirq:   0x%x\n" % row.get("hwirq", 1),
+        " chip:    PCI-MSIX-%s\n" % row.get("pci", "0000:00:00.0"),
+        " parent:\n", "    domain:  VECTOR\n", "     is_managed:       %d\n" % (1 if managed else 0),
+    ])
+
+
 def _ip_hex(dotted):
     parts = [int(p) for p in dotted.split(".")]
     return "%02X%02X%02X%02X" % (parts[3], parts[2], parts[1], parts[0])
@@ -509,6 +532,8 @@ def build_tree(root, spec):
         if row.get("effective", aff) is not None:
             _write(os.path.join(base, "effective_affinity_list"), cpulist(row.get("effective", aff)) + "\n")
         _write(os.path.join(base, "node"), "%d\n" % max(0, node_of.get(aff[0], 0) if aff else 0))
+        if row.get("managed") is not None:
+            _write(os.path.join(tree.sys, "kernel/debug/irq/irqs", str(row["irq"])), debugfs_irq_text(row, row["managed"]))
     _write(os.path.join(tree.proc, "interrupts"), _interrupts_text(spec, rows, online))
 
     route = ["Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT"]

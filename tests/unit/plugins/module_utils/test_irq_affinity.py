@@ -280,3 +280,180 @@ def test_boot_cli_waits_a_bounded_time_for_a_missing_nic_then_fails(lab, tmp_pat
 @pytest.mark.parametrize("argv,code", [(["--bogus"], 2), (["/nonexistent.json"], 1), (["--wait", "x"], 2)])
 def test_boot_cli_usage_errors(argv, code):
     assert _irq_pin_cli.main(argv, out=io.StringIO()) == code
+
+
+# ------------------------------------------ writes the kernel refuses ---
+
+CAPTURES = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "captures", "debugfs_irq")
+
+
+def refusing(code, irqs):
+    """The kernel's answer for managed IRQs (EIO before 6.12, EPERM since), real writes for the others."""
+    def write(path, text):
+        if any("/irq/%d/" % irq in path for irq in irqs):
+            raise OSError(code, os.strerror(code))
+        with open(path, "w") as handle:
+            handle.write(text)
+    return write
+
+
+def converge_except(tree, irqs, cpus="160-170"):
+    """Pin every queue IRQ of the seed NIC as the plan wants, except ``irqs``: a converged host with managed IRQs."""
+    for q in range(11):
+        if 60 + q not in irqs:
+            tree.set_affinity(60 + q, [160 + q], effective=[160 + q])
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EPERM])
+def test_refused_write_reports_the_value_read_back_not_the_plan(seed, code):
+    result = run_desired_state({"cpus": "160-170"}, procfs=seed.proc, sysfs=seed.sys, write=refusing(code, [63]))
+    item = dict((i["irq"], i) for i in result["irqs"])[63]
+    assert (item["status"], item["before"], item["after"]) == ("unchangeable", "3", "3")
+    assert seed.affinity(63) == "3"
+    assert any("IRQ 63" in w and "reads back 3" in w for w in result["warnings"])
+
+
+def test_refusal_is_remembered_so_check_mode_on_a_converged_host_shows_no_drift(seed):
+    record = os.path.join(seed.root, "run", "gpunode", "irq-affinity-refused.json")
+    first = run_desired_state({"cpus": "160-170"}, procfs=seed.proc, sysfs=seed.sys, write=refusing(errno.EIO, [63]))
+    assert first["changed"] is True
+    saved = json.load(open(record))
+    assert saved["irqs"]["63"] == {"name": "mlx5_comp3@pci:0000:00:07.0", "value": "163", "errno": "EIO"}
+    assert oct(os.stat(record).st_mode & 0o777) == "0o644"
+    check = run_desired_state({"cpus": "160-170"}, check_mode=True, procfs=seed.proc, sysfs=seed.sys)
+    assert check["changed"] is False
+    assert dict((i["irq"], i["status"]) for i in check["irqs"])[63] == "unchangeable"
+    assert any("refused writing 163 to it earlier in this boot (EIO)" in w for w in check["warnings"])
+    # a real run plans the same and does not try the refused IRQ again
+    again = run_desired_state({"cpus": "160-170"}, procfs=seed.proc, sysfs=seed.sys, write=refusing(errno.EIO, []))
+    assert again["changed"] is False and seed.affinity(63) == "3"
+
+
+def test_refusal_record_is_per_boot_and_per_irq_name(seed):
+    os.makedirs(os.path.join(seed.proc, "sys/kernel/random"))
+    boot_id = os.path.join(seed.proc, "sys/kernel/random/boot_id")
+    with open(boot_id, "w") as handle:
+        handle.write("1111\n")
+    run_desired_state({"cpus": "160-170"}, procfs=seed.proc, sysfs=seed.sys, write=refusing(errno.EPERM, [63, 64]))
+    assert sorted(_irq_affinity_refusals(seed)) == [63, 64]
+    # IRQ 64 was refused while another action held that number (before a driver rebind): not this IRQ's record
+    record = os.path.join(seed.root, "run", "gpunode", "irq-affinity-refused.json")
+    saved = json.load(open(record))
+    saved["irqs"]["64"]["name"] = "nvme0q3"
+    json.dump(saved, open(record, "w"))
+    statuses = dict((i["irq"], i["status"]) for i in run_desired_state(
+        {"cpus": "160-170"}, check_mode=True, procfs=seed.proc, sysfs=seed.sys)["irqs"])
+    assert (statuses[63], statuses[64]) == ("unchangeable", "would_change")
+    # after a reboot (new boot_id) nothing is remembered
+    with open(boot_id, "w") as handle:
+        handle.write("2222\n")
+    statuses = dict((i["irq"], i["status"]) for i in run_desired_state(
+        {"cpus": "160-170"}, check_mode=True, procfs=seed.proc, sysfs=seed.sys)["irqs"])
+    assert statuses[63] == "would_change"
+
+
+def _irq_affinity_refusals(tree):
+    from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import read_refusals
+    return read_refusals(tree.proc)
+
+
+def test_check_mode_never_writes_the_refusal_record(seed):
+    run_desired_state({"cpus": "160-170"}, check_mode=True, procfs=seed.proc, sysfs=seed.sys)
+    assert not os.path.exists(os.path.join(seed.root, "run", "gpunode"))
+
+
+def managed_seed(tmp_path, managed, unmanaged=()):
+    spec = treegen.seed_vm()
+    for irq in spec["nics"][0]["irqs"]:
+        if irq["irq"] in managed:
+            irq["managed"] = True
+        elif irq["irq"] in unmanaged:
+            irq["managed"] = False
+    return treegen.build_tree(tmp_path / "managed", spec)
+
+
+def test_debugfs_managed_irq_is_unchangeable_before_any_write_in_check_and_real_runs(tmp_path):
+    tree = managed_seed(tmp_path, managed=[63], unmanaged=[59, 60, 61, 62, 64, 65, 66, 67, 68, 69, 70])
+    converge_except(tree, [63])
+    written = []
+
+    def write(path, text):
+        written.append(path)
+        with open(path, "w") as handle:
+            handle.write(text)
+
+    check = run_desired_state({"cpus": "160-170"}, check_mode=True, procfs=tree.proc, sysfs=tree.sys)
+    assert check["changed"] is False
+    item = dict((i["irq"], i) for i in check["irqs"])[63]
+    assert (item["status"], item["before"], item["after"]) == ("unchangeable", "3", "3")
+    assert any("IRQ 63" in w and "IRQD_AFFINITY_MANAGED" in w for w in check["warnings"])
+    real = run_desired_state({"cpus": "160-170"}, procfs=tree.proc, sysfs=tree.sys, write=write)
+    assert real["changed"] is False and written == [] and tree.affinity(63) == "3"
+    assert real["irqs"] == check["irqs"]
+
+
+def test_strict_refuses_a_debugfs_managed_irq_before_writing_anything(tmp_path):
+    tree = managed_seed(tmp_path, managed=[65])
+    before = tree.all_affinities()
+    with pytest.raises(AffinityError) as exc:
+        run_desired_state({"cpus": "160-170", "strict": True}, procfs=tree.proc, sysfs=tree.sys)
+    assert exc.value.details["irq"] == 65 and exc.value.details["value"] == "165"
+    assert "IRQD_AFFINITY_MANAGED" in str(exc.value) and "nothing was written" in str(exc.value)
+    assert tree.all_affinities() == before
+
+
+def test_missing_debugfs_is_unknown_and_does_not_stop_the_writes(seed):
+    nic, dummy = state(seed)
+    assert set(e["managed"] for e in nic["irqs"]) == {None}
+    result = run_desired_state({"cpus": "160-170"}, procfs=seed.proc, sysfs=seed.sys)
+    assert seed.affinity(63) == "163" and result["changed"] is True
+
+
+@pytest.mark.parametrize("name,managed", [
+    ("qemu_pci_msix_managed_58.txt", True),
+    ("nvme_ir_msix_managed_138.txt", True),
+    ("ioapic_unmanaged_8.txt", False),
+])
+def test_read_managed_on_captured_debugfs_files(tmp_path, name, managed):
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic import read_managed
+    irqs = tmp_path / "sys" / "kernel" / "debug" / "irq" / "irqs"
+    irqs.mkdir(parents=True)
+    with open(os.path.join(CAPTURES, name)) as handle:
+        (irqs / "42").write_text(handle.read())
+    assert read_managed(str(tmp_path / "sys"), 42) is managed
+    assert read_managed(str(tmp_path / "sys"), 43) is None               # no such IRQ file: unknown
+    (irqs / "44").write_text("garbage\n")
+    assert read_managed(str(tmp_path / "sys"), 44) is None               # not the debugfs layout: unknown
+
+
+def test_rollback_never_writes_an_unknown_old_value(seed):
+    nic, topo = state(seed)
+    plan = plan_affinity(nic, topo, cpus="160-170")
+    item = [i for i in plan.items if i.irq == 61][0]
+    item.before = None                              # as read_irq_state returns for an unreadable or empty file
+    seed.break_irq(65)
+    written = []
+
+    def write(path, text):
+        written.append((path, text))
+        with open(path, "w") as handle:
+            handle.write(text)
+
+    with pytest.raises(AffinityError) as exc:
+        apply_plan(plan, procfs=seed.proc, write=write)
+    assert not [t for p, t in written if t.strip() == ""]
+    assert [f["irq"] for f in exc.value.details["rollback_failed"]] == [61]
+    assert "previous affinity could not be read" in str(exc.value)
+    assert exc.value.details["rolled_back"] == [64, 63, 62, 60]
+
+
+def test_empty_or_unreadable_affinity_reads_as_unknown(seed):
+    with open(os.path.join(seed.irq_dir(61), "smp_affinity_list"), "w") as handle:
+        handle.write("\n")
+    os.remove(os.path.join(seed.irq_dir(62), "smp_affinity_list"))
+    nic, dummy = state(seed)
+    affinity = dict((e["irq"], e["affinity"]) for e in nic["irqs"])
+    assert affinity[61] is None and affinity[62] is None and affinity[63] == [3]
+    result = run_desired_state({"cpus": "160-170"}, check_mode=True, procfs=seed.proc, sysfs=seed.sys)
+    item = dict((i["irq"], i) for i in result["irqs"])[61]
+    assert (item["before"], item["after"], item["status"]) == (None, "161", "would_change")

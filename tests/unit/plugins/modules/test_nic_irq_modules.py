@@ -71,6 +71,40 @@ def test_facts_for_the_default_route_nic(seed):
     assert facts["queues"]["sysfs_rx"] == 11 and facts["queues"]["combined_current"] is None   # no ethtool on a tree
 
 
+def test_facts_give_every_cpu_set_as_a_kernel_style_cpu_list_string(seed):
+    facts = run(nic_irq_facts, roots(seed))[1]["ansible_facts"]["nic_irq"]
+    irq = dict((i["irq"], i) for i in facts["irqs"])
+    assert (irq[61]["affinity"], irq[61]["affinity_list"], irq[61]["effective_affinity_list"]) == ([1], "1", "1")
+    assert facts["topology"]["online_list"] == "0-175" and facts["topology"]["online"] == list(range(176))
+    assert facts["topology"]["isolated_list"] == "" and facts["topology"]["default_smp_affinity_list"] == "0-175"
+    assert facts["local_cpus_list"] == "0-175"
+    assert irq[61]["managed"] is None                                   # no debugfs in the tree: unknown
+
+
+def test_facts_on_1152_cpus_before_tuning_are_strings_with_irq_affinity_format_string(tmp_path):
+    spec = treegen.large_numa(1152, 100, 64)
+    for irq in spec["nics"][0]["irqs"]:
+        irq["affinity"] = irq["effective"] = list(range(1152))          # the kernel's default before tuning
+    tree = treegen.build_tree(tmp_path, spec)
+    args = {"interface": "eth0", "procfs_path": tree.proc, "sysfs_path": tree.sys}
+    both = run(nic_irq_facts, args)[1]
+    strings = run(nic_irq_facts, dict(args, irq_affinity_format="string"))[1]
+    for result in (both, strings):
+        irqs = result["ansible_facts"]["nic_irq"]["irqs"]
+        assert len(irqs) == 65 and set(i["affinity_list"] for i in irqs) == {"0-1151"}
+        assert set(i["effective_affinity_list"] for i in irqs) == {"0-1151"}
+    assert all(len(i["affinity"]) == 1152 for i in both["ansible_facts"]["nic_irq"]["irqs"])
+    assert not [i for i in strings["ansible_facts"]["nic_irq"]["irqs"] if "affinity" in i or "effective_affinity" in i]
+    assert strings["ansible_facts"]["nic_irq"]["topology"]["online"] == list(range(1152))   # kept for the roles
+    size = dict((name, len(json.dumps(r))) for name, r in (("both", both), ("string", strings)))
+    assert size["both"] > 600000 and size["string"] < 60000, size
+
+
+def test_facts_bad_irq_affinity_format_fails(seed):
+    kind, result = run(nic_irq_facts, roots(seed, irq_affinity_format="ints"))
+    assert kind is Fail and "irq_affinity_format" in result["msg"] and "ints" in result["msg"]
+
+
 def test_facts_in_check_mode_are_the_same(seed):
     assert run(nic_irq_facts, roots(seed), check=True)[1] == run(nic_irq_facts, roots(seed))[1]
 
