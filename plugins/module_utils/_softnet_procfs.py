@@ -280,4 +280,7 @@ def read_sample(procfs="/proc", clock=time.monotonic):
     finished = clock()
     sample["time"] = (started + finished) / 2.0
     sample["read_seconds"] = finished - started
+    # Wall-clock instant of the sample (the report's sampling window; lines up
+    # other tools' per-second output, mpstat's, with this window).
+    sample["wall"] = time.time() - (clock() - sample["time"])
     return sample

@@ -247,6 +247,19 @@ interval:
   returned: always
   type: float
   sample: 10.001
+window:
+  description: >-
+    Wall-clock instants (seconds since the epoch) of the two samples, so that other per-second measurements
+    (mpstat, sar, a cluster-wide report) can be lined up with this window.
+  returned: always
+  type: dict
+  contains:
+    start:
+      description: The first sample.
+      type: float
+    end:
+      description: The second sample.
+      type: float
 softnet:
   description: The C(/proc/net/softnet_stat) layout found.
   returned: always

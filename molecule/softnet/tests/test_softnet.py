@@ -2,11 +2,19 @@
 
 1  converge's report: cluster.md/json/html exist, the guest's verdict is there, and its IRQ CPUs are where the
    guest's own effective_affinity_list says enp66s1's queue IRQs land.
-2  idle window: the module's per-CPU numbers agree with mpstat and with a plain reader of /proc run in the guest
-   over the same interval; no squeezes, no contention.
+2  idle window: the module's per-CPU numbers agree with mpstat over the same window (mpstat's per-second lines
+   inside the module's sample instants, RV window) and with a plain reader of /proc; verdict no_contention.
 3  loaded window: every queue IRQ of enp66s1 on CPU 4, stress-ng on CPUs 4-5, a UDP flood into the data NIC from
    a network namespace made by the test. The module reports the real squeezes on CPU 4 (agreeing with the
-   guest's own /proc), marks CPU 4 as an IRQ CPU and hot, and its CPU percentages agree with mpstat.
+   guest's own /proc), marks CPU 4 as an IRQ CPU and hot, its CPU percentages agree with mpstat over the same
+   window, and the verdict is contention.
+
+Agreement with mpstat: mpstat runs in the guest at 1-second intervals, each line stamped with the guest's
+clock; the seconds that lie wholly inside the module's window [window.start, window.end] are averaged. The two
+measurements then differ only in the uncovered part of the window (under 2 s of 15 s, the partial seconds at
+each end), whose values lie within the per-second spread mpstat itself shows over the window, plus one clock
+tick of rounding (USER_HZ 100: 1 point per CPU-second). So the tolerance per CPU and field is
+uncovered_fraction * (max - min of mpstat's per-second values) + 1 point, computed from the data of each run.
 
 The guest-side readers below are independent of the collection's code.
 """
@@ -123,25 +131,51 @@ def module(**options):
 
 
 def window(**options):
-    """Run the module, a plain /proc reader and mpstat in the guest over the same INTERVAL, started together."""
+    """Run the module, a plain /proc reader and per-second mpstat in the guest, started together."""
     results = {}
 
     def reader():
         results["reader"] = py(READER, str(INTERVAL))
 
     def mpstat():
-        out = ssh("S_TIME_FORMAT=ISO mpstat -P ALL -o JSON %d 1" % INTERVAL).stdout
-        stats = json.loads(out)["sysstat"]["hosts"][0]["statistics"][0]["cpu-load"]
-        results["mpstat"] = dict((int(s["cpu"]), s) for s in stats if s["cpu"] != "all")
+        # One line per CPU per second, stamped with the guest's clock when mpstat printed it (the end of
+        # that second). Stopped (pkill) once the module has returned.
+        out = ssh("S_TIME_FORMAT=ISO LC_ALL=C mpstat -P ALL 1 600 | "
+                  "while IFS= read -r l; do echo \"$(date +%s.%N) $l\"; done", check=False, timeout=900).stdout
+        rows = {}
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) == 13 and f[2].isdigit():
+                rows.setdefault(int(f[2]), []).append(
+                    {"t": float(f[0]), "usr": float(f[3]), "soft": float(f[8]), "idle": float(f[12])})
+        results["mpstat"] = rows
 
     threads = [threading.Thread(target=reader), threading.Thread(target=mpstat)]
     for thread in threads:
         thread.start()
-    # The module starts a little later (Ansible start-up); over 15 s the offset is small.
+    time.sleep(2)
     results["module"] = module(interval=INTERVAL, **options)
+    ssh("pkill -x mpstat", check=False)
     for thread in threads:
         thread.join(timeout=300)
     return results
+
+
+def mpstat_in_window(results, cpu, key):
+    """(mean, tolerance, seconds) of mpstat's per-second ``key`` over the module's window (see the docstring)."""
+    start, end = results["module"]["window"]["start"], results["module"]["window"]["end"]
+    inside = [r[key] for r in results["mpstat"].get(cpu, []) if r["t"] - 1.0 >= start - 0.05 and r["t"] <= end + 0.05]
+    assert len(inside) >= INTERVAL - 3, "mpstat covered only %d s of the %d s window" % (len(inside), INTERVAL)
+    uncovered = max(0.0, (end - start) - len(inside)) / (end - start)
+    return sum(inside) / len(inside), uncovered * (max(inside) - min(inside)) + 1.0, len(inside)
+
+
+def assert_agrees_with_mpstat(results, rows, cpus, keys):
+    for cpu in cpus:
+        for key in keys:
+            mean, tol, seconds = mpstat_in_window(results, cpu, key)
+            assert abs(rows[cpu][key] - mean) <= tol, (
+                "cpu %d %s: module %.2f, mpstat %.2f over %d s, tolerance %.2f" % (cpu, key, rows[cpu][key], mean, seconds, tol))
 
 
 def by_cpu(result):
@@ -155,7 +189,7 @@ def test_converge_report_names_the_guest_and_its_real_irq_cpus():
     data = json.loads((report / "cluster.json").read_text())
     (entry,) = data["hosts"]
     assert entry["host"] == NODE and entry["interface"] == IFACE and entry["pci_address"] == PCI
-    assert entry["verdict"] in ("no_contention", "inconclusive", "contention")
+    assert entry["verdict"] == "no_contention", entry.get("reasons")      # converge samples the idle guest
     landed = set()
     for irq in queue_irqs().values():
         landed |= cpulist(irq["effective"])
@@ -179,11 +213,8 @@ def test_idle_numbers_agree_with_the_guests_own_proc_and_mpstat():
         # USER_HZ ticks in the interval: mpstat's per-CPU interval, same order as the reader's
         reader_ticks = sum(probe["stat"][i] for i in (0, 1, 2, 3, 4, 5, 6, 7))
         assert abs(rows[cpu]["ticks"] - reader_ticks) <= 0.15 * reader_ticks + 20, (cpu, rows[cpu], probe)
-    # mpstat's window also holds the start of the module's own Python (slow under TCG) on some CPU, so compare
-    # the machine-wide idle share rather than each CPU's
-    module_idle = sum(rows[cpu]["idle"] for cpu in rows) / len(rows)
-    mpstat_idle = sum(results["mpstat"][cpu]["idle"] for cpu in rows) / len(rows)
-    assert abs(module_idle - mpstat_idle) <= 10, (module_idle, mpstat_idle)
+    # Every CPU, every field the verdict reads, against mpstat over the same window.
+    assert_agrees_with_mpstat(results, rows, sorted(rows), ("usr", "soft", "idle"))
 
 
 def _pin_queue_irqs(cpu):
@@ -262,11 +293,10 @@ def test_flood_on_a_loaded_irq_cpu_gives_real_squeezes_that_agree_with_the_guest
     for key in ("processed", "time_squeeze"):
         low, high = sorted([rows[4][key], probe[4][key]])
         assert low >= 0.5 * high, (key, rows[4][key], probe[4][key])
-    mp = results["mpstat"]
-    for cpu in (4, 5):
-        assert abs(rows[cpu]["usr"] - mp[cpu]["usr"]) <= 12, (cpu, rows[cpu], mp[cpu])
-        assert abs(rows[cpu]["soft"] - mp[cpu]["soft"]) <= 12, (cpu, rows[cpu], mp[cpu])
+    assert_agrees_with_mpstat(results, rows, sorted(rows), ("usr", "soft", "idle"))
     assert rows[4]["soft"] > 1.0 and rows[4]["usr"] > 20.0, rows[4]
-    assert result["verdict"] in ("contention", "inconclusive"), result["reasons"]
-    print(json.dumps({"verdict": result["verdict"], "reasons": result["reasons"], "cpu4": rows[4],
-                      "probe4": probe[4], "mpstat4": mp[4]}, indent=1))
+    # The setup makes it true: the IRQ CPU carries the workload and squeezes.
+    assert result["verdict"] == "contention", result["reasons"]
+    print(json.dumps({"verdict": result["verdict"], "rule": result.get("verdict_rule"), "reasons": result["reasons"],
+                      "cpu4": rows[4], "probe4": probe[4],
+                      "mpstat4": [mpstat_in_window(results, 4, k) for k in ("usr", "soft", "idle")]}, indent=1))
