@@ -1,0 +1,243 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: irqbalance_state
+short_description: Disable irqbalance, or keep it running away from pinned IRQs, in one module run
+version_added: 0.1.0
+description:
+  - The whole C(gpunode.tuning.irqbalance) role in one run - probe irqbalance, plan, write the files, call systemctl
+    and restart irqbalance when its config changed. The role is this module and a C(set_fact).
+  - O(mode=disabled) stops and masks C(irqbalance.service). When the unit was not masked, it first writes the mask
+    marker C(STATE_DIR/irqbalance-masked.json) with the enablement and state found, so O(mode=absent) can put them
+    back. A unit someone else masked gets no marker.
+  - O(mode=banned) keeps irqbalance running. It sets C(IRQBALANCE_BANNED_CPULIST) to the ban worked out by the
+    irqbalance_facts module's plan (O(banned_cpus) plus the isolated and nohz_full CPUs), removes
+    C(IRQBALANCE_BANNED_CPUS), and with O(banned_devices) installs a C(--policyscript) that bans those devices' IRQs
+    and points C(IRQBALANCE_ARGS) at it. The lines it replaces are kept in C(STATE_DIR/irqbalance-banned.json). The
+    config lines are edited as C(ansible.builtin.lineinfile) did (same regexp, same insert point).
+  - O(mode=absent) and O(mode=disabled) put back the config lines banned mode replaced (byte for byte), and remove the
+    policy script and the banned marker. O(mode=absent) also un-masks irqbalance, and restores its enablement and
+    state, only when the mask marker says this role masked it.
+  - irqbalance is restarted (once) only when its config file or policy script changed, in O(mode=banned), or in
+    O(mode=absent) when it was running; never in O(mode=disabled), on a converged host or in check mode. The restart is
+    done inside this run, so it comes before anything the caller pins next.
+  - irqbalance not installed (no O(binary)) and no marker is a fine state, reported, with nothing done.
+  - Every input is checked before anything changes.
+author:
+  - gpunode.tuning contributors (@gpunode)
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Reports the files and systemctl actions it would take; writes nothing, starts and stops nothing.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: full
+    details: Before and after of every file that differs, the config file among them.
+  facts:
+    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
+    support: full
+    details: In O(mode=banned), C(ansible_facts.irqbalance) as M(gpunode.tuning.irqbalance_facts) returns it.
+options:
+  mode:
+    description: What to do with irqbalance (see above).
+    type: str
+    choices: [disabled, banned, absent]
+    default: disabled
+  banned_cpus:
+    description:
+      - O(mode=banned) - CPUs irqbalance must not assign IRQs to. A Linux CPU list string (C(4-7,12)) or a list of
+        integers. A value that is not a CPU list fails, naming it.
+    type: raw
+    default: []
+  ban_isolated:
+    description: O(mode=banned) - add the CPUs of C(/sys/devices/system/cpu/isolated) and C(nohz_full) to the ban.
+    type: bool
+    default: true
+  banned_devices:
+    description:
+      - O(mode=banned) - PCI functions whose IRQs irqbalance must leave alone, C(0000:42:01.0) or C(42:01.0). Anything
+        else (C(*), a shell pattern, a bus number alone) fails naming the entry.
+    type: list
+    elements: str
+    default: []
+  config_file:
+    description:
+      - irqbalance's environment file. Empty picks it from O(os_family) - C(/etc/default/irqbalance) for Debian,
+        C(/etc/sysconfig/irqbalance) for RedHat and Suse; any other family fails instead of guessing.
+      - Only O(mode=banned) and the undo of banned mode read it.
+    type: path
+    default: ""
+  os_family:
+    description:
+      - C(ansible_facts.os_family). Not given, the module works it out with the code of C(setup)'s C(distribution)
+        subset, and only when it needs the config file. On a captured tree give it, or O(config_file).
+    type: str
+  state_dir:
+    description: Where the markers live (what this module masked or replaced), so O(mode=absent) undoes only that.
+    type: path
+    default: /etc/gpunode
+  policy_script:
+    description: Path of the policy script of O(mode=banned) with O(banned_devices).
+    type: path
+    default: /usr/local/libexec/gpunode-irqbalance-policy
+  binary:
+    description: The irqbalance binary; its presence is what RV(status.installed) reports.
+    type: path
+    default: /usr/sbin/irqbalance
+  procfs_path:
+    description:
+      - Root of procfs. Point it and O(sysfs_path) at a captured or generated tree (T/proc and T/sys) to work on that
+        tree instead of this host - the files are read and written under T, no command runs, and the systemctl
+        actions are reported only (RV(systemd)).
+    type: path
+    default: /proc
+  sysfs_path:
+    description: Root of sysfs, where C(devices/system/cpu/isolated) and C(nohz_full) are read. See O(procfs_path).
+    type: path
+    default: /sys
+notes:
+  - systemctl runs through the module (C(systemctl show), C(is-enabled), and C(mask), C(unmask), C(enable), C(stop),
+    C(start), C(restart) as needed), only on the live host with systemd running.
+  - The policy script carries the header C(Ansible managed), as the role's template rendered it with the default
+    C(ansible_managed).
+seealso:
+  - module: gpunode.tuning.irqbalance_facts
+  - name: The gpunode.tuning.irqbalance role
+    description: Calls this module once per pass.
+    link: https://github.com/gpunode/tuning/tree/main/roles/irqbalance
+"""
+
+EXAMPLES = r"""
+- name: Mask irqbalance (the marker lets mode=absent give it back)
+  gpunode.tuning.irqbalance_state:
+    mode: disabled
+
+- name: Keep irqbalance, away from CPUs 4-7 and the IRQs of one NIC
+  gpunode.tuning.irqbalance_state:
+    mode: banned
+    banned_cpus: "4-7"
+    banned_devices: ["0000:42:01.0"]
+  register: irqb
+
+- name: Undo what was done
+  gpunode.tuning.irqbalance_state:
+    mode: absent
+"""
+
+RETURN = r"""
+status:
+  description: irqbalance as found before this run acted (the role's C(irqbalance_status) fact).
+  returned: always
+  type: dict
+  contains:
+    installed:
+      description: Whether O(binary) exists.
+      type: bool
+    active:
+      description: C(ActiveState) active, activating or reloading.
+      type: bool
+    enabled:
+      description: C(UnitFileState) enabled or enabled-runtime.
+      type: bool
+    masked:
+      description: C(LoadState) masked, or C(UnitFileState) masked or masked-runtime.
+      type: bool
+    masked_by_role:
+      description: Whether the mask marker exists.
+      type: bool
+    mode:
+      description: O(mode).
+      type: str
+config_file:
+  description: The environment file used, null when the mode did not need it.
+  returned: always
+  type: str
+files:
+  description: Every file compared, with C(action) create, update, remove or unchanged, and the reason.
+  returned: always
+  type: list
+  elements: dict
+systemd:
+  description: The systemctl actions taken (in check mode or on a captured tree, that would be taken).
+  returned: always
+  type: list
+  elements: str
+  sample: [unmask, enable, start]
+restarted:
+  description: Whether irqbalance was (or would be) restarted because its config changed.
+  returned: always
+  type: bool
+plan:
+  description: O(mode=banned) - the checked ban, as M(gpunode.tuning.irqbalance_facts) returns it.
+  returned: mode=banned
+  type: dict
+  sample: {"banned_cpus": [2, 3, 4, 5, 6, 7], "banned_cpulist": "2-7", "banned_devices": ["0000:42:01.0"]}
+ansible_facts:
+  description: O(mode=banned) - C(irqbalance), the state and ban found before this run acted.
+  returned: mode=banned
+  type: dict
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, roots_mixed, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
+from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state import StateError, converge
+
+ARGUMENT_SPEC = dict(
+    mode=dict(type="str", choices=["disabled", "banned", "absent"], default="disabled"),
+    banned_cpus=dict(type="raw", default=[]),
+    ban_isolated=dict(type="bool", default=True),
+    banned_devices=dict(type="list", elements="str", default=[]),
+    config_file=dict(type="path", default=""),
+    os_family=dict(type="str"),
+    state_dir=dict(type="path", default="/etc/gpunode"),
+    policy_script=dict(type="path", default="/usr/local/libexec/gpunode-irqbalance-policy"),
+    binary=dict(type="path", default="/usr/sbin/irqbalance"),
+    procfs_path=dict(type="path", default="/proc"),
+    sysfs_path=dict(type="path", default="/sys"),
+)
+
+
+def _os_family(module):
+    """ansible_facts.os_family as setup's distribution subset works it out (the same collector)."""
+    from ansible.module_utils.facts.system.distribution import DistributionFactCollector
+    return DistributionFactCollector().collect(module=module).get("os_family")
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    procfs, sysfs = params["procfs_path"], params["sysfs_path"]
+    for option, path, expected in (("procfs_path", procfs, "a procfs root"),
+                                   ("sysfs_path", join(sysfs, "devices/system/cpu"), "a sysfs root with devices/system/cpu")):
+        if not os.path.isdir(path):
+            module.fail_json(msg="%s %s is not %s" % (option, params[option], expected), option=option, value=params[option], path=path,
+                             expected=expected)
+    why = roots_mixed(procfs, sysfs)
+    if why:
+        module.fail_json(msg="%s: give both roots of one tree (T/proc and T/sys) or neither" % why, option="procfs_path",
+                         value={"procfs_path": procfs, "sysfs_path": sysfs})
+    run = runner_for_roots(module, procfs, sysfs, commands=("systemctl",))
+    try:
+        result, diff = converge(params, root_of(procfs), run, module.check_mode, sysfs=sysfs,
+                                detect=(lambda: _os_family(module)) if run is not None else None)
+    except StateError as exc:
+        module.fail_json(msg=str(exc), changed=False, **exc.details)
+    if module._diff:
+        result["diff"] = diff
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
