@@ -184,12 +184,16 @@ def main():
                "| module as Ansible runs it, new python3 (wall; CPU) | above the floor (CPU) | JSON output "
                "| seed shell loop, bash (wall; CPU) |")
     out.append("|---|---|---|---|---|---|---|---|")
+    def ms(value):
+        return "-" if value is None else "%.1f" % value
+
     for label, size, lines, goal, r1, r2, r3, nbytes in rows:
-        out.append("| %s | %d lines, %.1f MB | < %d ms | %.1f / %.1f; %.1f | %.1f / %.1f; %.1f | %.1f | %.0f KB | %.1f / %.1f; %.1f |" % (
-            label, lines, size / 1e6, goal, r1[0], r1[1], r1[2], r2[0], r2[1], r2[2], r2[2] - base[2], nbytes / 1e3,
-            r3[0], r3[1], r3[2]))
-    out.append("| floor: `python3 -c \"import ansible.module_utils.basic\"` | | | | %.1f / %.1f; %.1f | 0 | | |" % (
-        base[0], base[1], base[2]))
+        delta = None if r2[2] is None or base[2] is None else r2[2] - base[2]
+        out.append("| %s | %d lines, %.1f MB | < %d ms | %s / %s; %s | %s / %s; %s | %s | %.0f KB | %s / %s; %s |" % (
+            label, lines, size / 1e6, goal, ms(r1[0]), ms(r1[1]), ms(r1[2]), ms(r2[0]), ms(r2[1]), ms(r2[2]), ms(delta),
+            nbytes / 1e3, ms(r3[0]), ms(r3[1]), ms(r3[2])))
+    out.append("| floor: `python3 -c \"import ansible.module_utils.basic\"` | | | | %s / %s; %s | 0 | | |" % (
+        ms(base[0]), ms(base[1]), ms(base[2])))
     out.append("")
     out.append("The module does more than the loop: it also selects the interface, resolves the PCI function, reads the")
     out.append("whole topology (every CPU's thread_siblings_list), irqbalance state, per-CPU counts and classifies every IRQ of")

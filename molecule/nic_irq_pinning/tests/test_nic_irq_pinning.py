@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
 from labtest import (ENTRY, GPU, LIB, MASK_MARKER, RECHECK, RULE, STATE, TIMER, UNIT,  # noqa: E402
                      assert_fresh_plan_was_applied, assert_gpu_layout, host, pinned_as_planned, planned,
-                     playbook, probe, queue_cpus, reboot, report, ssh, wait_until)
+                     playbook, probe, queue_cpus, report, ssh, wait_until)
 
 OPEN = {"name": "open-nic", "iface": "ens8", "pci": "0000:00:08.0", "queues": 4}
 HOOK = "/etc/network/if-up.d/gpunode-nic-irq-pin"
