@@ -2,13 +2,13 @@
 # Copyright (c) gpunode.tuning contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The irqbalance role's ban planning and config-file choice, run by ansible-playbook on localhost.
+"""The irqbalance role (one task: gpunode.tuning.irqbalance_state, then set_fact), run by ansible-playbook on localhost.
 
-Only read-only task files of the role run (tasks_from: plan_banned, config_path),
-in check mode: gpunode.tuning.irqbalance_facts reads a generated tree (play
-module_defaults point it there), setup reads /etc/os-release. Nothing on this
-host is written. The policy script is rendered from the role's template with
-the role's result and executed with /bin/sh, the way irqbalance calls it.
+The role's module works on a generated tree (play module_defaults point it
+there): its files are written under the tree, no command runs, the systemctl
+actions are only reported. The policy script the role wrote is executed with
+/bin/sh, the way irqbalance calls it. One test runs the role on this host in
+check mode, where it writes nothing and starts nothing.
 """
 
 from __future__ import annotations
@@ -29,45 +29,30 @@ import treegen  # noqa: E402
 
 pytestmark = pytest.mark.playbook
 
-PLAN_PLAY = """
-- name: The irqbalance role's ban planning over a generated tree
+POLICY = "usr/local/libexec/gpunode-irqbalance-policy"
+
+ROLE_PLAY = """
+- name: The irqbalance role over a generated tree
   hosts: localhost
   connection: local
   gather_facts: false
   module_defaults:
-    gpunode.tuning.irqbalance_facts:
+    gpunode.tuning.irqbalance_state:
       procfs_path: {proc}
       sysfs_path: {sys}
-  tasks:
-    - name: Plan the ban
-      ansible.builtin.include_role:
-        name: gpunode.tuning.irqbalance
-        tasks_from: plan_banned
-      vars:
-        __irqbalance_config: /etc/default/irqbalance
-    - name: Show the result
-      ansible.builtin.debug:
-        msg: "RESULT {{{{ {{'cpulist': __irqbalance_banned_cpulist, 'devices': __irqbalance_banned_devices,
-               'script': lookup('ansible.builtin.template', '{template}')}} | to_json }}}}"
-"""
-
-CONFIG_PLAY = """
-- name: The irqbalance role's choice of config file
-  hosts: localhost
-  connection: local
-  gather_facts: false
   tasks:
     - name: Pretend to be another OS family
       fake_os_family:
         family: "{{{{ fake_family }}}}"
       when: fake_family is defined
-    - name: Pick the config file
+    - name: Run the role
       ansible.builtin.include_role:
         name: gpunode.tuning.irqbalance
-        tasks_from: config_path
     - name: Show the result
       ansible.builtin.debug:
-        msg: "RESULT {{{{ {{'config': __irqbalance_config, 'os_family': ansible_facts.os_family | default(None)}} | to_json }}}}"
+        msg: "RESULT {{{{ {{'plan': __irqbalance_result.plan | default(None), 'config': __irqbalance_result.config_file,
+               'status': irqbalance_status, 'systemd': __irqbalance_result.systemd,
+               'changed': __irqbalance_result.changed}} | to_json }}}}"
 """
 
 # A module, not a mock: it sets ansible_facts.os_family the way setup would on that OS.
@@ -78,37 +63,48 @@ module.exit_json(changed=False, ansible_facts={"os_family": module.params["famil
 """
 
 
-def playbook(tmp_path, text, *extra):
+def playbook(tmp_path, text, *extra, check=True):
     play = tmp_path / "play.yml"
     play.write_text(text)
     (tmp_path / "library").mkdir(exist_ok=True)
     (tmp_path / "library" / "fake_os_family.py").write_text(FAKE_OS_FAMILY)
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
                PATH="%s:%s" % (Path(sys.executable).parent, os.environ.get("PATH", "")))
-    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(play), "--check",
-            "-e", "ansible_python_interpreter=%s" % sys.executable] + list(extra)
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(play),
+            "-e", "ansible_python_interpreter=%s" % sys.executable] + (["--check", "--diff"] if check else []) + list(extra)
     res = subprocess.run(argv, env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300, check=False)
     found = re.search(r'"msg": "RESULT (.*)"\s*$', res.stdout, re.M)
     return res, json.loads(json.loads('"%s"' % found.group(1))) if found else None
 
 
-def tree_with(tmp_path, isolated, nohz_full):
+def tree_with(tmp_path, isolated, nohz_full, installed=True):
     tree = treegen.build_tree(tmp_path / "tree", treegen.lab_virtio())
     cpu = Path(tree.sys) / "devices/system/cpu"
     (cpu / "isolated").write_text(isolated + "\n")
     (cpu / "nohz_full").write_text(nohz_full + "\n")
+    if installed:
+        (Path(tree.root) / "usr/sbin").mkdir(parents=True)
+        (Path(tree.root) / "usr/sbin/irqbalance").write_text("")
     return tree
 
 
-def plan_play(tree):
-    template = ROOT / "roles" / "irqbalance" / "templates" / "irqbalance-policy.sh.j2"
-    return PLAN_PLAY.format(proc=tree.proc, sys=tree.sys, template=template)
+def role_play(tree):
+    return ROLE_PLAY.format(proc=tree.proc, sys=tree.sys)
 
 
-def policy(script, tmp_path, device_path):
-    path = tmp_path / "policy.sh"
-    path.write_text(script)
-    res = subprocess.run(["/bin/sh", str(path), device_path, "42"], capture_output=True, text=True, timeout=30, check=True)
+def banned(**extra):
+    args = {"irqbalance_mode": "banned", "irqbalance_banned_cpus": "4-7", "irqbalance_banned_devices": ["42:01.0"],
+            "fake_family": "Debian"}
+    args.update(extra)
+    return "-e", json.dumps(args)
+
+
+def changed_in_recap(res):
+    return int(re.search(r"localhost\s+: ok=\d+\s+changed=(\d+)", res.stdout).group(1))
+
+
+def policy(script, device_path):
+    res = subprocess.run(["/bin/sh", str(script), device_path, "42"], capture_output=True, text=True, timeout=30, check=True)
     return res.stdout.strip()
 
 
@@ -120,20 +116,52 @@ def policy(script, tmp_path, device_path):
 ])
 def test_plan_bans_the_nic_cpus_plus_isolated_and_nohz_full(tmp_path, isolated, nohz_full, expected):
     tree = tree_with(tmp_path, isolated, nohz_full)
-    res, result = playbook(tmp_path, plan_play(tree), "-e", '{"irqbalance_banned_cpus": "4-7", "irqbalance_banned_devices": ["42:01.0"]}')
+    res, result = playbook(tmp_path, role_play(tree), *banned())
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-    assert result["cpulist"] == expected
-    assert result["devices"] == ["0000:42:01.0"]
+    assert result["plan"]["banned_cpulist"] == expected
+    assert result["plan"]["banned_devices"] == ["0000:42:01.0"]
+    assert result["status"] == {"installed": True, "active": True, "enabled": True, "masked": False,
+                                "masked_by_role": False, "mode": "banned"}
+    # --check --diff: the config file's diff is shown, nothing is written.
+    assert "+IRQBALANCE_BANNED_CPULIST=%s" % expected in res.stdout
+    assert not (Path(tree.root) / "etc/gpunode").exists()
 
 
-def test_policy_script_bans_exactly_the_named_function(tmp_path):
+def test_role_converges_in_one_module_run_then_reports_no_change(tmp_path):
+    """The role writes the files, then a second pass and a check-mode pass change nothing; the policy script the
+    role installed bans exactly the named PCI function."""
     tree = tree_with(tmp_path, "", "")
-    res, result = playbook(tmp_path, plan_play(tree), "-e", '{"irqbalance_banned_cpus": [4, 5], "irqbalance_banned_devices": ["42:01.0"]}')
+    res, result = playbook(tmp_path, role_play(tree), *banned(irqbalance_banned_cpus=[4, 5]), check=False)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-    script = result["script"]
-    assert policy(script, tmp_path, "/sys/bus/pci/devices/0000:42:01.0") == "ban=true"   # the short form was normalised
-    assert policy(script, tmp_path, "/sys/bus/pci/devices/0000:42:01.1") == ""
-    assert policy(script, tmp_path, "/sys") == ""
+    assert result["changed"] is True and result["plan"]["banned_cpulist"] == "4-5"
+    assert result["systemd"] == ["restart (captured tree: not run)"]
+    # One module run in the guest per pass: the role's tasks are the argument-spec check and set_fact (both on the
+    # controller) and the module.
+    tasks = re.findall(r"^TASK \[gpunode\.tuning\.irqbalance : (.*?)\] \*", res.stdout, re.M)
+    assert [t for t in tasks if not t.startswith("Validating arguments")] == ["Put irqbalance in mode banned",
+                                                                             "Record the irqbalance state found"], tasks
+    script = Path(tree.root) / POLICY
+    assert policy(script, "/sys/bus/pci/devices/0000:42:01.0") == "ban=true"   # the short form was normalised
+    assert policy(script, "/sys/bus/pci/devices/0000:42:01.1") == ""
+    assert policy(script, "/sys") == ""
+    for check in (False, True):
+        res, result = playbook(tmp_path, role_play(tree), *banned(irqbalance_banned_cpus=[4, 5]), check=check)
+        assert res.returncode == 0, res.stdout[-4000:]
+        assert result["changed"] is False and result["systemd"] == [] and changed_in_recap(res) == 0, res.stdout[-3000:]
+
+
+@pytest.mark.parametrize("mode", ["disabled", "absent"])
+def test_disabled_and_absent_put_the_package_config_back_byte_for_byte(tmp_path, mode):
+    tree = tree_with(tmp_path, "2", "3")
+    config = Path(tree.root) / "etc/default/irqbalance"
+    package = config.read_bytes()
+    assert playbook(tmp_path, role_play(tree), *banned(), check=False)[0].returncode == 0
+    assert config.read_bytes() != package
+    res, result = playbook(tmp_path, role_play(tree), *banned(irqbalance_mode=mode), check=False)
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert config.read_bytes() == package
+    assert not (Path(tree.root) / POLICY).exists() and not (Path(tree.root) / "etc/gpunode/irqbalance-banned.json").exists()
+    assert (Path(tree.root) / "etc/gpunode/irqbalance-masked.json").exists() == (mode == "disabled")
 
 
 @pytest.mark.parametrize("devices,bad", [
@@ -144,42 +172,50 @@ def test_policy_script_bans_exactly_the_named_function(tmp_path):
 ])
 def test_a_device_that_is_not_a_pci_address_fails_the_role_naming_it(tmp_path, devices, bad):
     tree = tree_with(tmp_path, "", "")
-    res, result = playbook(tmp_path, plan_play(tree), "-e", json.dumps({"irqbalance_banned_cpus": "4-7", "irqbalance_banned_devices": devices}))
+    res, result = playbook(tmp_path, role_play(tree), *banned(irqbalance_banned_devices=devices), check=False)
     assert res.returncode != 0 and result is None
     assert "banned_devices entry %r is not a PCI address" % bad in res.stdout
+    assert not (Path(tree.root) / "etc/gpunode").exists()
 
 
 def test_a_bad_cpu_list_fails_the_role_naming_it(tmp_path):
     tree = tree_with(tmp_path, "", "")
-    res, result = playbook(tmp_path, plan_play(tree), "-e", '{"irqbalance_banned_cpus": "4-x"}')
+    res, result = playbook(tmp_path, role_play(tree), *banned(irqbalance_banned_cpus="4-x"), check=False)
     assert res.returncode != 0 and result is None
     assert "banned_cpus '4-x' is not a CPU list" in res.stdout
+    assert not (Path(tree.root) / "etc/gpunode").exists()
 
 
-def test_without_gathered_facts_the_os_family_is_gathered(tmp_path):
-    res, result = playbook(tmp_path, CONFIG_PLAY.format())
+def test_without_gathered_facts_the_module_works_out_the_os_family(tmp_path):
+    """On this host, in check mode: the module reads the family with setup's distribution code; nothing is written."""
+    play = ROLE_PLAY.replace("  module_defaults:\n    gpunode.tuning.irqbalance_state:\n      procfs_path: {proc}\n"
+                             "      sysfs_path: {sys}\n", "").format()
+    res, result = playbook(tmp_path, play, "-e", json.dumps({"irqbalance_mode": "banned", "irqbalance_banned_cpus": "0"}))
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     family = open("/etc/os-release").read()
     expected = "/etc/default/irqbalance" if re.search(r"(?m)^ID(_LIKE)?=.*debian", family) else "/etc/sysconfig/irqbalance"
-    assert result["os_family"] is not None
     assert result["config"] == expected
 
 
 @pytest.mark.parametrize("family,config", [("RedHat", "/etc/sysconfig/irqbalance"), ("Suse", "/etc/sysconfig/irqbalance"),
                                            ("Debian", "/etc/default/irqbalance")])
 def test_the_config_file_follows_the_os_family(tmp_path, family, config):
-    res, result = playbook(tmp_path, CONFIG_PLAY.format(), "-e", "fake_family=%s" % family)
+    tree = tree_with(tmp_path, "", "")
+    res, result = playbook(tmp_path, role_play(tree), *banned(fake_family=family))
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-    assert result == {"config": config, "os_family": family}
+    assert result["config"] == config
 
 
 def test_an_unknown_os_family_fails_instead_of_guessing(tmp_path):
-    res, result = playbook(tmp_path, CONFIG_PLAY.format(), "-e", "fake_family=Gentoo")
+    tree = tree_with(tmp_path, "", "")
+    res, result = playbook(tmp_path, role_play(tree), *banned(fake_family="Gentoo"))
     assert res.returncode != 0 and result is None
-    assert 'no config file is known for OS family "Gentoo"' in res.stdout
+    assert 'no config file is known for OS family \\"Gentoo\\"' in res.stdout   # the msg, JSON-quoted
 
 
 def test_an_explicit_config_file_needs_no_facts(tmp_path):
-    res, result = playbook(tmp_path, CONFIG_PLAY.format(), "-e", "irqbalance_config_file=/etc/irqbalance.env")
+    tree = tree_with(tmp_path, "", "")
+    args = {"irqbalance_mode": "banned", "irqbalance_banned_cpus": "4-7", "irqbalance_config_file": "/etc/irqbalance.env"}
+    res, result = playbook(tmp_path, role_play(tree), "-e", json.dumps(args))
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-    assert result == {"config": "/etc/irqbalance.env", "os_family": None}
+    assert result["config"] == "/etc/irqbalance.env"
