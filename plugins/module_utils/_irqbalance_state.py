@@ -285,11 +285,10 @@ def plan(params, root, found, sysfs=None, detect=None, run=None):
             raise StateError(str(exc), **exc.details)
         out["ban"], out["facts"] = ban, state
         if applies and not ban["banned_cpulist"]:
+            why = "the host has no isolated/nohz_full CPUs" if params["ban_isolated"] else "irqbalance_ban_isolated is false"
             raise StateError(
                 "irqbalance_mode=banned needs CPUs to ban: irqbalance_banned_cpus is %s and %s. Expected a CPU list such "
-                'as "4-7", or irqbalance_mode=disabled.' % (json.dumps(params["banned_cpus"]),
-                                                           "the host has no isolated/nohz_full CPUs" if params["ban_isolated"]
-                                                           else "irqbalance_ban_isolated is false"),
+                'as "4-7", or irqbalance_mode=disabled.' % (json.dumps(params["banned_cpus"]), why),
                 option="banned_cpus", value=params["banned_cpus"], expected="a CPU list such as 4-7")
 
     current = _read_bytes(rooted(root, config)) if config else None

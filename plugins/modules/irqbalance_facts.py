@@ -18,8 +18,9 @@ description:
     wins. With neither, the CPUs of C(/sys/devices/system/cpu/isolated) and C(nohz_full) are banned. A set
     variable replaces that default ban, it does not add to it.
   - With O(banned_cpus), O(ban_isolated) and O(banned_devices), it also checks and returns what the
-    C(gpunode.tuning.irqbalance) role writes in banned mode (RV(plan)). The role uses this module, so the role
-    and the C(nic_irq_*) modules read irqbalance the same way.
+    C(gpunode.tuning.irqbalance) role writes in banned mode (RV(plan)). The role's module
+    M(gpunode.tuning.irqbalance_state) uses the same reading and plan, so the role and the C(nic_irq_*) modules read
+    irqbalance the same way.
   - Needs no NIC. M(gpunode.tuning.nic_irq_facts) reports the same irqbalance facts with a NIC's.
 author:
   - gpunode.tuning contributors (@gpunode)

@@ -55,14 +55,16 @@ def test_every_variable_the_role_reads_is_public_or_internal(role):
     assert not undeclared, sorted(undeclared)
 
 
-@pytest.mark.parametrize(
-    "template",
-    sorted(str(p.relative_to(ROOT)) for role in ROLES for p in (ROOT / "roles" / role / "templates").glob("*.j2")),
-)
-def test_template_starts_with_ansible_managed(template):
-    lines = (ROOT / template).read_text().splitlines()
-    first = lines[1] if lines[0].startswith("#!") else lines[0]
-    assert first == "{{ ansible_managed | comment }}"
+def test_templates_and_rendered_files_start_with_ansible_managed():
+    """The roles' templates (none left: the modules render the files) and the files the modules render in their place."""
+    from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state import policy_script
+
+    for template in sorted(p for role in ROLES for p in (ROOT / "roles" / role / "templates").glob("*.j2")):
+        lines = template.read_text().splitlines()
+        first = lines[1] if lines[0].startswith("#!") else lines[0]
+        assert first == "{{ ansible_managed | comment }}", template
+    # irqbalance's policy script, as the removed template rendered it with the default ansible_managed.
+    assert policy_script(["0000:42:01.0"]).splitlines()[:4] == ["#!/bin/sh", "#", "# Ansible managed", "#"]
 
 
 @pytest.mark.parametrize("role", ROLES)
