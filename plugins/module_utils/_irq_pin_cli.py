@@ -40,8 +40,7 @@ import subprocess
 import sys
 import time
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import ALLOWED_COMMANDS
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import ALLOWED_COMMANDS, TreeError
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import AffinityError, run_desired_state
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_KEYS, NicError, read_nic
 
