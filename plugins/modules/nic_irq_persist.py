@@ -80,6 +80,13 @@ options:
     description: Fail instead of warning when the plan cannot be met exactly or a write is refused.
     type: bool
     default: false
+  assume_irqbalance_stopped:
+    description:
+      - Plan although irqbalance is active, as if it were already stopped: for check mode of a play that stops
+        irqbalance before this task (the nic_irq_pinning role). Only the run uses it; the stored desired state keeps
+        O(allow_irqbalance), so check mode on a converged node compares the same file.
+    type: bool
+    default: false
   persist:
     description: Install (and compare) the persistence. V(false) pins for the running kernel only.
     type: bool
@@ -220,6 +227,7 @@ ARGUMENT_SPEC = dict(
     entry_point=dict(type="path", default="/usr/local/sbin/gpunode-nic-irq-pin"),
     python=dict(type="path", default="/usr/bin/python3"),
     timeout=dict(type="int", default=30),
+    assume_irqbalance_stopped=dict(type="bool", default=False),
     **PIN_ARGUMENT_SPEC
 )
 # systemd.time(7) spans as the timer takes them: "30s", "5min", "1h 30min", "2d".
@@ -272,8 +280,9 @@ def _present(module, params, procfs, sysfs, run):
     desired = dict((key, params[key]) for key in DESIRED_KEYS)
     settings = dict((key, params[key]) for key in SETTINGS)
     root = root_of(procfs)
+    run_desired = dict(desired, allow_irqbalance=True) if params["assume_irqbalance_stopped"] else desired
     # Validate and plan everything (IRQs and files) before the first write.
-    plan = run_desired_state(desired, check_mode=True, procfs=procfs, sysfs=sysfs, run=run)
+    plan = run_desired_state(run_desired, check_mode=True, procfs=procfs, sysfs=sysfs, run=run)
     if not plan["pci_address"]:
         raise AffinityError("%s has no PCI function: expected a PCI network function, whose address finds it again "
                             "at boot" % plan["interface"], value=plan["interface"], expected="a PCI network function")
@@ -285,7 +294,8 @@ def _present(module, params, procfs, sysfs, run):
         if not settings["recheck_interval"]:
             remove += ["%s/%s" % (UNIT_DIR, RECHECK_UNIT), "%s/%s" % (UNIT_DIR, TIMER)]
         actions = plan_files(files, remove, root, diff_skip=("%s/%s/" % (settings["lib_dir"].rstrip("/"), PKG_DIR),))
-    result = plan if module.check_mode else run_desired_state(desired, check_mode=False, procfs=procfs, sysfs=sysfs, run=run)
+    result = plan if module.check_mode else run_desired_state(run_desired, check_mode=False, procfs=procfs, sysfs=sysfs,
+                                                              run=run)
     systemd = Systemd(module, run is not None, module.check_mode)
     changed_files = [a for a in actions if a["action"] != "unchanged"]
     if params["persist"]:

@@ -278,3 +278,17 @@ def test_verify_fails_when_a_pinned_irq_is_moved_before_the_read_back(seed_manag
     assert kind is Fail and res["verified"] is False
     assert "64 mlx5_comp4@pci:%s: 5, planned 164" % SEED_PCI in res["msg"], res["msg"]
     assert "63 mlx5_comp3" not in res["msg"]
+
+
+def test_check_mode_that_assumes_irqbalance_stopped_never_changes_the_stored_state(lab):
+    """The role's check mode plans before irqbalance is really stopped; that must not show as state-file drift."""
+    kind, res = run(args(lab, allow_irqbalance=False), check=True)
+    assert kind is Fail and "irqbalance is active" in res["msg"], res   # the tree's irqbalance is enabled and running
+    kind, res = run(args(lab, allow_irqbalance=False, assume_irqbalance_stopped=True), check=True, diff=True)
+    assert kind is Exit and res["changed"] is True
+    state = [d for d in res["diff"][1:] if d["after_header"] == "/etc/gpunode/nic-irq-affinity.json"][0]
+    assert json.loads(state["after"])["allow_irqbalance"] is False
+    # Converged with irqbalance allowed (as banned mode does), check mode assuming it stopped reports nothing.
+    run(args(lab))
+    kind, res = run(args(lab, assume_irqbalance_stopped=True), check=True)
+    assert kind is Exit and res["changed"] is False, [f for f in res["files"] if f["action"] != "unchanged"]
