@@ -31,10 +31,10 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
 import treegen
+from modharness import Exit, Fail, install_fake_exits
 from ansible_collections.gpunode.tuning.plugins.modules import nic_irq_affinity, nic_irq_facts, softnet_check
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "softnet_load"))
@@ -43,14 +43,6 @@ import softnet_load  # noqa: E402
 MODULES = {"nic_irq_facts": nic_irq_facts, "nic_irq_affinity": nic_irq_affinity, "softnet_check": softnet_check}
 PCI = "0000:3b:00.0"
 ONLINE = list(range(8))
-
-
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
 
 
 # ------------------------------------------------------------------- trees --
@@ -264,15 +256,7 @@ case("softnet_check", "irq_cpus-garbage", ["irq_cpus", "a-b"], {"irq_cpus": "a-b
 def guarded(monkeypatch):
     """exit_json/fail_json raise; opening anything under the live /proc or /sys for writing is refused and recorded."""
     attempts = []
-
-    def exit_json(self, **kwargs):
-        raise Exit(json.loads(json.dumps(kwargs, default=str)))
-
-    def fail_json(self, **kwargs):
-        raise Fail(json.loads(json.dumps(kwargs, default=str)))
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+    install_fake_exits(monkeypatch, fail_as_json=True)
 
     def live(path):
         real = os.path.realpath(os.fspath(path)) if isinstance(path, (str, bytes, os.PathLike)) else ""

@@ -6,46 +6,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
-
+import modharness
 import treegen
+from modharness import Exit, Fail
 from ansible_collections.gpunode.tuning.plugins.modules import irqbalance_facts
 
 
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def fake_exits(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise Exit(json.loads(json.dumps(kwargs, default=str)))
-
-    def fail_json(self, **kwargs):
-        raise Fail(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+pytestmark = pytest.mark.usefixtures("fake_exits")
 
 
 def run(args, check=False):
-    args = dict(args)
-    if check:
-        args["_ansible_check_mode"] = True
-    with patch_module_args(args):
-        with pytest.raises((Exit, Fail)) as exc:
-            irqbalance_facts.main()
-    return exc.type, exc.value.args[0]
+    return modharness.run(irqbalance_facts, args, check=check)
 
 
 @pytest.fixture

@@ -19,10 +19,9 @@ import subprocess
 
 import pytest
 
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
-
+import modharness
 import treegen
+from modharness import Exit, Fail
 from ansible_collections.gpunode.tuning.plugins.module_utils import _irqbalance_state as S
 from ansible_collections.gpunode.tuning.plugins.modules import irqbalance_state
 
@@ -40,24 +39,7 @@ PACKAGE_CONFIG = (
 )
 
 
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def fake_exits(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise Exit(json.loads(json.dumps(kwargs, default=str)))
-
-    def fail_json(self, **kwargs):
-        raise Fail(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+pytestmark = pytest.mark.usefixtures("fake_exits")
 
 
 def make_tree(path, running=True, unit="enabled", installed=True, systemd=False, config=PACKAGE_CONFIG):
@@ -80,14 +62,7 @@ def lab(tmp_path):
 def run(tree, check=False, diff=False, **args):
     args = dict(dict(mode="banned", banned_cpus="4-7", banned_devices=["42:01.0"], os_family="Debian"), **args)
     args.update(procfs_path=tree.proc, sysfs_path=tree.sys)
-    if check:
-        args["_ansible_check_mode"] = True
-    if diff:
-        args["_ansible_diff"] = True
-    with patch_module_args(args):
-        with pytest.raises((Exit, Fail)) as exc:
-            irqbalance_state.main()
-    return exc.type, exc.value.args[0]
+    return modharness.run(irqbalance_state, args, check=check, diff=diff)
 
 
 def snapshot(tree):

@@ -10,43 +10,12 @@ import json
 
 import pytest
 
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
-
 import treegen
+from modharness import Exit, Fail, run
 from ansible_collections.gpunode.tuning.plugins.modules import nic_irq_affinity, nic_irq_facts
 
 
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def fake_exits(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise Exit(json.loads(json.dumps(kwargs, default=str)))
-
-    def fail_json(self, **kwargs):
-        raise Fail(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-
-
-def run(module, args, check=False, diff=False):
-    args = dict(args)
-    if check:
-        args["_ansible_check_mode"] = True
-    if diff:
-        args["_ansible_diff"] = True
-    with patch_module_args(args):
-        with pytest.raises((Exit, Fail)) as exc:
-            module.main()
-    return exc.type, exc.value.args[0]
+pytestmark = pytest.mark.usefixtures("fake_exits")
 
 
 @pytest.fixture

@@ -19,42 +19,18 @@ import sys
 
 import pytest
 
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
-
+import modharness
 import treegen
+from modharness import Exit, Fail
 from ansible_collections.gpunode.tuning.plugins.module_utils import _persist
 from ansible_collections.gpunode.tuning.plugins.modules import nic_irq_persist
 
 
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def fake_exits(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise Exit(json.loads(json.dumps(kwargs, default=str)))
-
-    def fail_json(self, **kwargs):
-        raise Fail(json.loads(json.dumps(kwargs, default=str)))
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+pytestmark = pytest.mark.usefixtures("fake_exits_json")
 
 
 def run(args, check=False, diff=False):
-    args = dict(args)
-    args["_ansible_check_mode"] = check
-    args["_ansible_diff"] = diff
-    with patch_module_args(args):
-        with pytest.raises((Exit, Fail)) as exc:
-            nic_irq_persist.main()
-    return exc.type, exc.value.args[0]
+    return modharness.run(nic_irq_persist, args, check=check, diff=diff)
 
 
 @pytest.fixture
