@@ -158,6 +158,17 @@ def roots_mixed(procfs, sysfs):
     return None
 
 
+def missing_cpu_root(procfs, sysfs):
+    """The fail_json arguments naming the first root that is not a directory (for sysfs: without
+    devices/system/cpu), or None. A missing root would read as "no isolated CPUs, not installed"."""
+    for option, root, path, expected in (("procfs_path", procfs, procfs, "a procfs root"),
+                                         ("sysfs_path", sysfs, join(sysfs, "devices/system/cpu"),
+                                          "a sysfs root with devices/system/cpu")):
+        if not os.path.isdir(path):
+            return dict(msg="%s %s is not %s" % (option, root, expected), option=option, value=root, path=path, expected=expected)
+    return None
+
+
 def check_roots(procfs, sysfs, write=False):
     """Raise TreeError naming the path when a root is missing or is not a procfs/sysfs.
 

@@ -187,11 +187,9 @@ plan:
       sample: ["0000:42:01.0"]
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import missing_cpu_root, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import IrqbalanceError, plan_ban, read_irqbalance
 
@@ -209,12 +207,9 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
-    # A missing root would read as "no isolated CPUs, not installed": name it instead.
-    for option, path, expected in (("procfs_path", procfs, "a procfs root"),
-                                   ("sysfs_path", join(sysfs, "devices/system/cpu"), "a sysfs root with devices/system/cpu")):
-        if not os.path.isdir(path):
-            module.fail_json(msg="%s %s is not %s" % (option, params[option], expected), option=option, value=params[option], path=path,
-                             expected=expected)
+    failure = missing_cpu_root(procfs, sysfs)
+    if failure:
+        module.fail_json(**failure)
     run = runner_for_roots(module, procfs, sysfs)
     state = read_irqbalance(root_of(procfs), run=run, sysfs=sysfs, config_file=params["config_file"] or None)
     try:

@@ -186,11 +186,9 @@ ansible_facts:
   type: dict
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, roots_mixed, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import missing_cpu_root, roots_mixed, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state import StateError, converge
 
@@ -219,11 +217,9 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
-    for option, path, expected in (("procfs_path", procfs, "a procfs root"),
-                                   ("sysfs_path", join(sysfs, "devices/system/cpu"), "a sysfs root with devices/system/cpu")):
-        if not os.path.isdir(path):
-            module.fail_json(msg="%s %s is not %s" % (option, params[option], expected), option=option, value=params[option], path=path,
-                             expected=expected)
+    failure = missing_cpu_root(procfs, sysfs)
+    if failure:
+        module.fail_json(**failure)
     why = roots_mixed(procfs, sysfs)
     if why:
         module.fail_json(msg="%s: give both roots of one tree (T/proc and T/sys) or neither" % why, option="procfs_path",
