@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Lab cost benchmark: how long a restored guest takes to answer SSH, and a converged tune.yml pass.
 
 Run by hand as root from the repository root, with the venv on PATH (it is not part of the test suite):
@@ -84,8 +83,8 @@ def main():
                 "nic_irq_pinning_interface": "enp66s1", "nic_irq_pinning_count": 4,
                 "nic_irq_pinning_recheck_interval": "1min"}}}}))
             first = playbook(inventory)
-            converged = [playbook(inventory) for _ in range(opts.runs)]
-            checks = [playbook(inventory, "--check", "--diff") for _ in range(opts.runs)]
+            converged = [playbook(inventory) for dummy in range(opts.runs)]
+            checks = [playbook(inventory, "--check", "--diff") for dummy in range(opts.runs)]
     finally:
         LAB.down("bench-tune")
     assert all(c[2] == 0 for c in converged + checks), (converged, checks)

@@ -184,6 +184,7 @@ def main():
                "| module as Ansible runs it, new python3 (wall; CPU) | above the floor (CPU) | JSON output "
                "| seed shell loop, bash (wall; CPU) |")
     out.append("|---|---|---|---|---|---|---|---|")
+
     def ms(value):
         return "-" if value is None else "%.1f" % value
 

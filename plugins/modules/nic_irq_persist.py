@@ -82,7 +82,7 @@ options:
     default: false
   assume_irqbalance_stopped:
     description:
-      - Plan although irqbalance is active, as if it were already stopped: for check mode of a play that stops
+      - Plan although irqbalance is active, as if it were already stopped. For check mode of a play that stops
         irqbalance before this task (the nic_irq_pinning role). Only the run uses it; the stored desired state keeps
         O(allow_irqbalance), so check mode on a converged node compares the same file.
     type: bool

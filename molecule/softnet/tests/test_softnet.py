@@ -4,8 +4,9 @@
    guest's own effective_affinity_list says enp66s1's queue IRQs land.
 2  idle window: the module's per-CPU numbers agree with mpstat over the same window (mpstat's per-second lines
    inside the module's sample instants, RV window) and with a plain reader of /proc; verdict no_contention.
-3  loaded window: every queue IRQ of enp66s1 on CPU 4, stress-ng on CPUs 4-5, a UDP flood into the data NIC from
-   a network namespace made by the test. The module reports the real squeezes on CPU 4 (agreeing with the
+3  flood window: every queue IRQ of enp66s1 on CPU 4, stress-ng on CPU 2 (a busy CPU without queue IRQs: converge pinned them to 4-7), a UDP
+   flood into the data NIC from a network namespace made by the test. Under TCG a flood squeezes whichever CPU
+   takes the IRQs, busy or idle (../shared/LAB.md): packet rate, not contention, and the verdict must say so. The module reports the real squeezes on CPU 4 (agreeing with the
    guest's own /proc), marks CPU 4 as an IRQ CPU and hot, its CPU percentages agree with mpstat over the same
    window, and the verdict is contention.
 
@@ -265,9 +266,12 @@ class Flood(object):
         subprocess.run(["ip", "netns", "del", NETNS], check=False)
 
 
-def test_flood_on_a_loaded_irq_cpu_gives_real_squeezes_that_agree_with_the_guest():
+def test_flood_on_an_irq_cpu_gives_real_squeezes_that_agree_with_the_guest_and_is_not_called_contention():
     _pin_queue_irqs(4)
-    ssh("nohup stress-ng --cpu 2 --taskset 4,5 --timeout %ds >/dev/null 2>&1 &" % (INTERVAL * 3 + 60))
+    # User work on CPU 2 only: CPU 4 carries the IRQs and no user work, so the setup makes "squeezes without
+    # competing user work" true. (Contention proper, user work and softirq on one CPU at a rate that does not
+    # saturate it, is the closed-loop scenario's to calibrate.)
+    ssh("nohup stress-ng --cpu 1 --taskset 2 --timeout %ds >/dev/null 2>&1 &" % (INTERVAL * 3 + 60))
     try:
         with Flood(INTERVAL * 3 + 60):
             time.sleep(5)  # effective affinity follows on the next interrupt; let the flood start
@@ -298,9 +302,11 @@ def test_flood_on_a_loaded_irq_cpu_gives_real_squeezes_that_agree_with_the_guest
         low, high = sorted([rows[4][key], probe[4][key]])
         assert low >= 0.5 * high, (key, rows[4][key], probe[4][key])
     assert_agrees_with_mpstat(results, rows, sorted(rows), ("usr", "soft", "idle"))
-    assert rows[4]["soft"] > 1.0 and rows[4]["usr"] > 20.0, rows[4]
-    # The setup makes it true: the IRQ CPU carries the workload and squeezes.
-    assert result["verdict"] == "contention", result["reasons"]
+    assert rows[4]["soft"] > 5.0 and rows[4]["usr"] < 40.0, rows[4]
+    assert rows[2]["usr"] > 80.0 and rows[2]["irq_cpu"] is False, rows[2]
+    # The setup makes it true: real squeezes on the IRQ CPU, no user work competing there.
+    assert result["verdict"] == "inconclusive", result["reasons"]
+    assert any("packet rate, not contention" in reason for reason in result["reasons"]), result["reasons"]
     print(json.dumps({"verdict": result["verdict"], "rule": result.get("verdict_rule"), "reasons": result["reasons"],
                       "cpu4": rows[4], "probe4": probe[4],
                       "mpstat4": [mpstat_in_window(results, 4, k) for k in ("usr", "soft", "idle")]}, indent=1))
