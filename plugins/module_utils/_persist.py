@@ -246,12 +246,30 @@ def installed_library(lib_dir, root="/"):
             if isinstance(n, str) and not n.startswith("/") and ".." not in n.split("/")]
 
 
+def bytecode_of(paths, root="/"):
+    """The __pycache__ files Python wrote for the given .py files (their bytecode is ours too)."""
+    out = []
+    for path in paths:
+        if not path.endswith(".py"):
+            continue
+        cache = os.path.join(os.path.dirname(path), "__pycache__")
+        stem = os.path.basename(path)[:-3] + "."
+        try:
+            names = os.listdir(rooted(root, cache))
+        except OSError:
+            continue
+        out += ["%s/%s" % (cache, n) for n in sorted(names) if n.startswith(stem) and n.endswith(".pyc")]
+    return out
+
+
 def owned_paths(settings, root="/"):
-    """Every path a present state may have installed (for removal): only the collection's own."""
+    """Every path a present state may have installed (for removal): only the collection's own,
+    with the bytecode Python wrote for its library files."""
     lib = settings["lib_dir"].rstrip("/")
     paths = [settings["entry_point"], settings["state_file"], UDEV_RULE] + \
         ["%s/%s" % (UNIT_DIR, u) for u in (UNIT, RECHECK_UNIT, TIMER)] + [h[1] for h in HOOKS.values()]
-    return paths + installed_library(lib, root) + ["%s/%s" % (lib, MANIFEST)]
+    library = installed_library(lib, root)
+    return paths + library + bytecode_of(library, root) + ["%s/%s" % (lib, MANIFEST)]
 
 
 # ------------------------------------------------------------- plan / apply --
@@ -352,9 +370,11 @@ def _makedirs(path, created):
         created.append(directory)
 
 
-def apply_files(files, actions, root="/", write=None):
+def apply_files(files, actions, root="/", write=None, prune_within=None):
     """Carry out ``actions`` from :func:`plan_files`. All or nothing: on a failed
-    write every file already written is put back (or removed) and the error raised."""
+    write every file already written is put back (or removed) and the error raised.
+    Directories that removals left empty are removed up to and including
+    ``prune_within`` (the lib dir), never above it."""
     write = write or _write_atomic
     done, created_dirs = [], []
     try:
@@ -379,7 +399,8 @@ def apply_files(files, actions, root="/", write=None):
             act["path"], exc, "rolled back every file written before" if not problems
             else "rollback failed for %s" % ", ".join(problems)), path=act["path"], rollback_failed=problems)
     removed = [a["path"] for a in actions if a["action"] == "remove"]
-    _prune_empty_dirs(removed, root)
+    if prune_within:
+        _prune_empty_dirs(removed, root, prune_within)
 
 
 def _rollback(done, created_dirs):
@@ -402,13 +423,14 @@ def _rollback(done, created_dirs):
     return problems
 
 
-def _prune_empty_dirs(removed, root):
-    """Remove the library's package directories that removal left empty (never the lib dir's parents)."""
-    for path in sorted(set(os.path.dirname(p) for p in removed if "/ansible_collections" in p), key=len, reverse=True):
-        directory = rooted(root, path)
-        while "/ansible_collections" in directory:
+def _prune_empty_dirs(removed, root, top):
+    """Remove the directories under ``top`` (``top`` included) that removal left empty.
+    A directory holding anything the collection did not install is never empty, so it stays."""
+    top = top.rstrip("/")
+    for path in sorted(set(os.path.dirname(p) for p in removed if p.startswith(top + "/")), key=len, reverse=True):
+        while path == top or path.startswith(top + "/"):
             try:
-                os.rmdir(directory)
+                os.rmdir(rooted(root, path))
             except OSError:
                 break
-            directory = os.path.dirname(directory)
+            path = os.path.dirname(path)

@@ -303,7 +303,7 @@ def _present(module, params, procfs, sysfs, run):
         if not settings["recheck_interval"] and os.path.exists(timer_path):
             systemd.do(["systemctl", "disable", "--now", TIMER], "disable --now %s" % TIMER)
         if not module.check_mode:
-            apply_files(files, changed_files, root)
+            apply_files(files, changed_files, root, prune_within=settings["lib_dir"])
         units = [a for a in changed_files if a["path"].startswith(UNIT_DIR + "/")]
         if units:
             systemd.do(["systemctl", "daemon-reload"], "daemon-reload")
@@ -348,7 +348,7 @@ def _absent(module, params, procfs, run):
         if os.path.exists(rooted(root, "%s/%s" % (UNIT_DIR, unit))):
             systemd.do(["systemctl", "disable", "--now", unit], "disable --now %s" % unit)
     if not module.check_mode:
-        apply_files({}, actions, root)
+        apply_files({}, actions, root, prune_within=settings["lib_dir"])
     if any(a["path"].startswith(UNIT_DIR + "/") for a in actions):
         systemd.do(["systemctl", "daemon-reload"], "daemon-reload")
     if any(a["path"] == UDEV_RULE for a in actions):

@@ -268,3 +268,16 @@ def test_check_mode_that_assumes_irqbalance_stopped_never_changes_the_stored_sta
     run(args(lab))
     kind, res = run(args(lab, assume_irqbalance_stopped=True), check=True)
     assert kind is Exit and res["changed"] is False, [f for f in res["files"] if f["action"] != "unchanged"]
+
+
+def test_absent_removes_the_default_lib_dir_with_the_bytecode_python_wrote(lab):
+    run(args(lab))
+    pkg = under(lab, "/usr/local/lib/gpunode-tuning/" + _persist.PKG_DIR)
+    os.makedirs(os.path.join(pkg, "__pycache__"))
+    for name in ("_nic.cpython-311.pyc", "_irq_pin_cli.cpython-311.pyc"):
+        with open(os.path.join(pkg, "__pycache__", name), "wb") as handle:
+            handle.write(b"\0")
+    kind, res = run(dict(state="absent", procfs_path=lab.proc, sysfs_path=lab.sys))
+    assert kind is Exit and res["changed"] is True
+    assert not os.path.exists(under(lab, "/usr/local/lib/gpunode-tuning")), "the lib dir the collection made is left"
+    assert os.path.isdir(under(lab, "/usr/local/lib")), "a directory above the lib dir was removed"
