@@ -4,11 +4,12 @@
    guest's own effective_affinity_list says enp66s1's queue IRQs land.
 2  idle window: the module's per-CPU numbers agree with mpstat over the same window (mpstat's per-second lines
    inside the module's sample instants, RV window) and with a plain reader of /proc; verdict no_contention.
-3  flood window: every queue IRQ of enp66s1 on CPU 4, stress-ng on CPU 2 (a busy CPU without queue IRQs: converge pinned them to 4-7), a UDP
-   flood into the data NIC from a network namespace made by the test. Under TCG a flood squeezes whichever CPU
-   takes the IRQs, busy or idle (../shared/LAB.md): packet rate, not contention, and the verdict must say so. The module reports the real squeezes on CPU 4 (agreeing with the
-   guest's own /proc), marks CPU 4 as an IRQ CPU and hot, its CPU percentages agree with mpstat over the same
-   window, and the verdict is contention.
+3  flood window: every queue IRQ of enp66s1 on CPU 4, stress-ng on CPU 2 (a busy CPU without queue IRQs:
+   converge pinned them to 4-7), a UDP flood into the data NIC from a network namespace made by the test. Under
+   TCG a flood squeezes whichever CPU takes the IRQs, busy or idle (../shared/LAB.md). The module reports the
+   real squeezes on CPU 4 (agreeing with the guest's own /proc), marks CPU 4 as an IRQ CPU and hot, its CPU
+   percentages agree with mpstat over the same window, and the verdict is inconclusive: packet rate, not
+   contention.
 
 Agreement with mpstat: mpstat runs in the guest at 1-second intervals, each line stamped with the guest's
 clock as it is printed; the seconds that lie wholly inside the module's window [window.start, window.end] are
