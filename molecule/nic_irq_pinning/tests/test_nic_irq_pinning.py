@@ -218,7 +218,9 @@ def test_open_nic_brought_up_by_hand_is_pinned_by_the_if_up_hook():
 
 def test_open_nic_rebind_with_allow_hotplug_is_pinned_again():
     plan = open_queue_cpus(probe(OPEN))
-    ssh(OPEN["name"], "sed -i 's/^#allow-hotplug ens8/allow-hotplug ens8/' /etc/network/interfaces.d/ens8")
+    # ifdown first: ifupdown keeps an interface brought up by hand as configured across the rebind, and then
+    # `ifup --allow=hotplug` on the new device does nothing (found in the clean-clone run).
+    ssh(OPEN["name"], "ifdown ens8 && sed -i 's/^#allow-hotplug ens8/allow-hotplug ens8/' /etc/network/interfaces.d/ens8")
     since = ssh(OPEN["name"], "date +%s").stdout.strip()
     ssh(OPEN["name"], "echo {pci} > /sys/bus/pci/drivers/vmxnet3/unbind && sleep 1 && "
                       "echo {pci} > /sys/bus/pci/drivers/vmxnet3/bind".format(pci=OPEN["pci"]))
