@@ -122,6 +122,17 @@ scenarios() {
     done
 }
 
+stamp_steps() {
+    # Molecule's step lines ("INFO [scenario > step] Executing/Executed") get the seconds since the scenario began.
+    local t0=$SECONDS line
+    while IFS= read -r line; do
+        case "$line" in
+            INFO*) printf '[+%4d s] %s\n' "$((SECONDS - t0))" "$line" ;;
+            *) printf '%s\n' "$line" ;;
+        esac
+    done
+}
+
 step_molecule() {
     local list rc=0 s t0 known
     if [ "$#" -gt 0 ]; then
@@ -142,7 +153,7 @@ step_molecule() {
     for s in "${list[@]}"; do
         t0=$SECONDS
         log "molecule test -s $s"
-        if flock /tmp/gpunode-molecule.lock molecule test -s "$s"; then
+        if flock /tmp/gpunode-molecule.lock molecule test -s "$s" 2>&1 | stamp_steps; [ "${PIPESTATUS[0]}" -eq 0 ]; then
             echo "scenario $s: passed in $((SECONDS - t0)) s"
         else
             echo "scenario $s: FAILED after $((SECONDS - t0)) s"

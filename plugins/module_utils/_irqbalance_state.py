@@ -37,6 +37,18 @@ MODES = ("disabled", "banned", "absent")
 MASK_MARKER = "irqbalance-masked.json"
 BANNED_MARKER = "irqbalance-banned.json"
 BINARY = "/usr/sbin/irqbalance"
+# The irqbalance settings of a pass, as the irqbalance_state module takes them at its top level and
+# nic_irq_persist under its `irqbalance` option (there the banned CPUs and devices come from its own plan).
+SETTINGS_SPEC = dict(
+    mode=dict(type="str", choices=list(MODES), default="disabled"),
+    ban_isolated=dict(type="bool", default=True),
+    config_file=dict(type="path", default=""),
+    os_family=dict(type="str"),
+    state_dir=dict(type="path", default="/etc/gpunode"),
+    policy_script=dict(type="path", default="/usr/local/libexec/gpunode-irqbalance-policy"),
+    binary=dict(type="path", default=BINARY),
+)
+
 # irqbalance.service's environment file per ansible_facts.os_family.
 CONFIG_BY_FAMILY = {"Debian": "/etc/default/irqbalance", "RedHat": "/etc/sysconfig/irqbalance", "Suse": "/etc/sysconfig/irqbalance"}
 CPULIST, CPUMASK, ARGS = "IRQBALANCE_BANNED_CPULIST", "IRQBALANCE_BANNED_CPUS", "IRQBALANCE_ARGS"
@@ -397,11 +409,17 @@ def props_running(props):
     return props.get("ActiveState", "") in ("active", "activating")
 
 
-def converge(params, root, run, check, sysfs=None, detect=None):
-    """One pass: read, plan, apply. Returns the module's result (without ``diff``) and the diff list."""
+def prepare(params, root, run, check, sysfs=None, detect=None):
+    """Read and plan one pass; raises StateError (before any change) on bad input. :func:`finish` applies it."""
     unit = Unit(root, run, check)
-    found = read_state(root, unit, params["state_dir"])
+    found = read_state(root, unit, params["state_dir"], binary=params.get("binary") or BINARY)
     decided = plan(params, root, found, sysfs=sysfs, detect=detect, run=run if unit.live else None)
+    return {"params": params, "root": root, "unit": unit, "found": found, "decided": decided, "check": check}
+
+
+def finish(prepared):
+    """Apply a :func:`prepare`'d pass. Returns the module's result (without ``diff``) and the diff list."""
+    params, root, unit, found, decided = (prepared[k] for k in ("params", "root", "unit", "found", "decided"))
     status = dict(found["status"], mode=params["mode"])
     result = {"status": status, "config_file": decided["config_file"], "systemd": [], "restarted": False, "files": []}
     if decided["ban"] is not None:
@@ -410,7 +428,7 @@ def converge(params, root, run, check, sysfs=None, detect=None):
     if "msg" in decided:
         result.update(changed=False, msg=decided["msg"])
         return result, []
-    result["restarted"] = apply(decided, root, unit, found, check)
+    result["restarted"] = apply(decided, root, unit, found, prepared["check"])
     result["systemd"] = unit.actions
     result["files"] = [{k: a[k] for k in ("path", "action", "reason")} for a in decided["actions"] + decided["dir_actions"]]
     changes = [a for a in decided["actions"] if a["action"] != "unchanged"]
@@ -418,3 +436,14 @@ def converge(params, root, run, check, sysfs=None, detect=None):
     diff = [{"before_header": a["path"], "after_header": a["path"] if a["action"] != "remove" else "(absent)",
              "before": a["before"], "after": a["after"]} for a in changes]
     return result, diff
+
+
+def converge(params, root, run, check, sysfs=None, detect=None):
+    """One pass: read, plan, apply. Returns the module's result (without ``diff``) and the diff list."""
+    return finish(prepare(params, root, run, check, sysfs=sysfs, detect=detect))
+
+
+def os_family(module):
+    """ansible_facts.os_family as setup's distribution subset works it out (the same collector)."""
+    from ansible.module_utils.facts.system.distribution import DistributionFactCollector
+    return DistributionFactCollector().collect(module=module).get("os_family")

@@ -190,27 +190,15 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import missing_cpu_root, roots_mixed, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
-from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state import StateError, converge
+from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state import SETTINGS_SPEC, StateError, converge, os_family
 
 ARGUMENT_SPEC = dict(
-    mode=dict(type="str", choices=["disabled", "banned", "absent"], default="disabled"),
+    SETTINGS_SPEC,
     banned_cpus=dict(type="raw", default=[]),
-    ban_isolated=dict(type="bool", default=True),
     banned_devices=dict(type="list", elements="str", default=[]),
-    config_file=dict(type="path", default=""),
-    os_family=dict(type="str"),
-    state_dir=dict(type="path", default="/etc/gpunode"),
-    policy_script=dict(type="path", default="/usr/local/libexec/gpunode-irqbalance-policy"),
-    binary=dict(type="path", default="/usr/sbin/irqbalance"),
     procfs_path=dict(type="path", default="/proc"),
     sysfs_path=dict(type="path", default="/sys"),
 )
-
-
-def _os_family(module):
-    """ansible_facts.os_family as setup's distribution subset works it out (the same collector)."""
-    from ansible.module_utils.facts.system.distribution import DistributionFactCollector
-    return DistributionFactCollector().collect(module=module).get("os_family")
 
 
 def main():
@@ -227,7 +215,7 @@ def main():
     run = runner_for_roots(module, procfs, sysfs, commands=("systemctl",))
     try:
         result, diff = converge(params, root_of(procfs), run, module.check_mode, sysfs=sysfs,
-                                detect=(lambda: _os_family(module)) if run is not None else None)
+                                detect=(lambda: os_family(module)) if run is not None else None)
     except StateError as exc:
         module.fail_json(msg=str(exc), changed=False, **exc.details)
     if module._diff:

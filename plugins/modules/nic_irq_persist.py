@@ -87,6 +87,46 @@ options:
         O(allow_irqbalance), so check mode on a converged node compares the same file.
     type: bool
     default: false
+  irqbalance:
+    description:
+      - Also put irqbalance in a mode in the same run, as M(gpunode.tuning.irqbalance_state) does (the same code), with
+        the planned CPUs and this NIC's PCI function as the ban in V(banned) mode. Omitted, irqbalance is left alone.
+      - "Order: the pins and the persistence files are planned and every input is checked, then irqbalance's pass is
+        planned (its input checked), then irqbalance is stopped or restarted with the ban, and only then are the IRQs
+        pinned, so no balancing pass of the old daemon comes in between. A failure after irqbalance's pass leaves that
+        pass done (it is reported) and writes no pin or file after the failure."
+      - With O(state=present) the mode is V(disabled) or V(banned) (O(allow_irqbalance) then follows it); with
+        O(state=absent) it is V(absent), which gives irqbalance back after the persistence is removed.
+    type: dict
+    suboptions:
+      mode:
+        description: As M(gpunode.tuning.irqbalance_state)'s O(gpunode.tuning.irqbalance_state#module:mode).
+        type: str
+        choices: [disabled, banned, absent]
+        default: disabled
+      ban_isolated:
+        description: V(banned) - also ban the isolcpus and nohz_full CPUs.
+        type: bool
+        default: true
+      config_file:
+        description: irqbalance's environment file; empty picks it by OS family.
+        type: path
+        default: ""
+      os_family:
+        description: C(ansible_facts.os_family); worked out on the node when needed and not given.
+        type: str
+      state_dir:
+        description: Where the markers of what was changed are kept.
+        type: path
+        default: /etc/gpunode
+      policy_script:
+        description: V(banned) - the policy script that bans this NIC's IRQs.
+        type: path
+        default: /usr/local/libexec/gpunode-irqbalance-policy
+      binary:
+        description: The irqbalance binary; absent means irqbalance is not installed (a fine state).
+        type: path
+        default: /usr/sbin/irqbalance
   persist:
     description: Install (and compare) the persistence. V(false) pins for the running kernel only.
     type: bool
@@ -199,6 +239,12 @@ irqbalance:
   description: irqbalance as seen before planning.
   returned: state=present
   type: dict
+irqbalance_state:
+  description:
+    - O(irqbalance) given - the result of irqbalance's pass, as M(gpunode.tuning.irqbalance_state) returns it
+      (C(status), C(config_file), C(files), C(systemd), C(restarted), and C(plan) in V(banned) mode).
+  returned: when O(irqbalance) is given
+  type: dict
 """
 
 import os
@@ -211,6 +257,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity impor
     DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, root_of, run_desired_state, stored_desired_state, verify_pins)
 # Imported so that AnsiballZ ships the entry point's whole import closure, which is installed from this payload.
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_pin_cli import main as _entry_point_main  # noqa: F401
+from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state import SETTINGS_SPEC, StateError, finish, os_family, prepare
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
     PKG_DIR, RECHECK_UNIT, TIMER, UDEV_RULE, UNIT, UNIT_DIR, PersistError, apply_files, installed_library, owned_paths,
@@ -228,6 +275,7 @@ ARGUMENT_SPEC = dict(
     python=dict(type="path", default="/usr/bin/python3"),
     timeout=dict(type="int", default=30),
     assume_irqbalance_stopped=dict(type="bool", default=False),
+    irqbalance=dict(type="dict", options=SETTINGS_SPEC),
     **PIN_ARGUMENT_SPEC
 )
 # systemd.time(7) spans as the timer takes them: "30s", "5min", "1h 30min", "2d".
@@ -248,6 +296,12 @@ def _validate(module, params):
         if not value or not os.path.isabs(value) or any(c in value for c in "\n\"'$`\\ ") or value.rstrip("/") == "":
             module.fail_json(msg="%s %r: expected an absolute path without spaces, quotes or shell characters"
                              % (key, value), option=key, value=value)
+    irqbalance = params["irqbalance"]
+    if irqbalance is not None:
+        allowed = ("absent",) if params["state"] == "absent" else ("disabled", "banned")
+        if irqbalance["mode"] not in allowed:
+            module.fail_json(msg="irqbalance.mode %r with state=%s: expected %s" % (irqbalance["mode"], params["state"],
+                             " or ".join(allowed)), option="irqbalance.mode", value=irqbalance["mode"])
     lib = params["lib_dir"].rstrip("/")
     if lib in ("/usr", "/usr/local", "/usr/lib", "/usr/local/lib", "/etc", "/opt", "/var", "/var/lib"):
         module.fail_json(msg="lib_dir %r: expected a directory of its own (for example /usr/local/lib/gpunode-tuning), "
@@ -276,11 +330,24 @@ class Systemd(object):
         self.actions.append(label)
 
 
+def _irqbalance_prepare(module, params, root, sysfs, run, banned_cpus="", banned_devices=()):
+    """Plan irqbalance's pass (params ``irqbalance``): every input checked, nothing changed yet."""
+    settings = dict(params["irqbalance"], banned_cpus=banned_cpus, banned_devices=list(banned_devices))
+    return prepare(settings, root, run, module.check_mode, sysfs=sysfs,
+                   detect=(lambda: os_family(module)) if run is not None else None)
+
+
 def _present(module, params, procfs, sysfs, run):
     desired = dict((key, params[key]) for key in DESIRED_KEYS)
     settings = dict((key, params[key]) for key in SETTINGS)
     root = root_of(procfs)
-    run_desired = dict(desired, allow_irqbalance=True) if params["assume_irqbalance_stopped"] else desired
+    irqbalance = params["irqbalance"]
+    if irqbalance is not None:
+        # Stored as the boot-time run needs it: a banned irqbalance keeps running, a disabled one is gone.
+        desired["allow_irqbalance"] = irqbalance["mode"] == "banned"
+    # Planned as if irqbalance were already stopped when this run (or the play, before this task) stops it.
+    stopped_first = params["assume_irqbalance_stopped"] or irqbalance is not None
+    run_desired = dict(desired, allow_irqbalance=True) if stopped_first else desired
     # Validate and plan everything (IRQs and files) before the first write.
     plan = run_desired_state(run_desired, check_mode=True, procfs=procfs, sysfs=sysfs, run=run)
     if not plan["pci_address"]:
@@ -294,8 +361,31 @@ def _present(module, params, procfs, sysfs, run):
         if not settings["recheck_interval"]:
             remove += ["%s/%s" % (UNIT_DIR, RECHECK_UNIT), "%s/%s" % (UNIT_DIR, TIMER)]
         actions = plan_files(files, remove, root, diff_skip=("%s/%s/" % (settings["lib_dir"].rstrip("/"), PKG_DIR),))
-    result = plan if module.check_mode else run_desired_state(run_desired, check_mode=False, procfs=procfs, sysfs=sysfs,
-                                                              run=run)
+    irqbalance_result, irqbalance_diff = None, []
+    if irqbalance is not None:
+        prepared = _irqbalance_prepare(module, params, root, sysfs, run, plan["cpulist"], [plan["pci_address"]])
+        irqbalance_result, irqbalance_diff = finish(prepared)
+    try:
+        out, warnings, diff = _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desired, files,
+                                               actions, settings, root, irqbalance_result)
+    except (AffinityError, NicError, TreeError, PersistError) as exc:
+        if irqbalance_result is not None:   # irqbalance's pass is done: say so in the failure
+            exc.details.update(irqbalance_state=irqbalance_result, changed=bool(irqbalance_result["changed"]))
+        raise
+    return out, warnings, irqbalance_diff + diff
+
+
+def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desired, files, actions, settings, root,
+                     irqbalance_result):
+    if module.check_mode:
+        result = plan
+    else:
+        # irqbalance (when this run handles it) is stopped or bans these CPUs by now: pin with the stored setting,
+        # so a disabled irqbalance that is still running is refused, not raced.
+        # (On a captured tree no systemctl ran, so the tree's irqbalance still looks as it was: plan as for check mode.)
+        handled_live = params["irqbalance"] is not None and run is not None
+        result = run_desired_state(desired if handled_live else run_desired, check_mode=False, procfs=procfs,
+                                   sysfs=sysfs, run=run)
     systemd = Systemd(module, run is not None, module.check_mode)
     changed_files = [a for a in actions if a["action"] != "unchanged"]
     if params["persist"]:
@@ -324,6 +414,8 @@ def _present(module, params, procfs, sysfs, run):
         files=[dict((k, a[k]) for k in ("path", "action", "reason", "mode")) for a in actions],
         systemd=systemd.actions, verified=None, unchangeable=[], effective_lagging=[],
     )
+    if irqbalance_result is not None:
+        out.update(irqbalance_state=irqbalance_result, changed=bool(out["changed"] or irqbalance_result["changed"]))
     warnings = list(result["warnings"])
     if params["verify"] and not module.check_mode:
         check = verify_pins(result, procfs=procfs, sysfs=sysfs, run=run)
@@ -338,11 +430,12 @@ def _present(module, params, procfs, sysfs, run):
     return out, warnings, diff
 
 
-def _absent(module, params, procfs, run):
+def _absent(module, params, procfs, sysfs, run):
     settings = dict((key, params[key]) for key in SETTINGS)
     root = root_of(procfs)
     actions = plan_files({}, owned_paths(settings, root), root,
                          diff_skip=("%s/%s/" % (settings["lib_dir"].rstrip("/"), PKG_DIR),))
+    prepared = _irqbalance_prepare(module, params, root, sysfs, run) if params["irqbalance"] is not None else None
     systemd = Systemd(module, run is not None, module.check_mode)
     for unit in (TIMER, UNIT):
         if os.path.exists(rooted(root, "%s/%s" % (UNIT_DIR, unit))):
@@ -358,6 +451,11 @@ def _absent(module, params, procfs, run):
                systemd=systemd.actions)
     diff = [{"before_header": a["path"], "after_header": "(absent)", "before": a["before"], "after": ""}
             for a in actions if a["before"]]
+    if prepared is not None:
+        # After the persistence is gone, so nothing of the collection pins behind the irqbalance given back.
+        irqbalance_result, irqbalance_diff = finish(prepared)
+        out.update(irqbalance_state=irqbalance_result, changed=bool(out["changed"] or irqbalance_result["changed"]))
+        diff += irqbalance_diff
     return out, [], diff
 
 
@@ -373,11 +471,13 @@ def main():
     try:
         run = runner_for_roots(module, procfs, sysfs, commands=("ethtool", "ip", "systemctl", "udevadm"))
         if params["state"] == "absent":
-            out, warnings, diff = _absent(module, params, procfs, run)
+            out, warnings, diff = _absent(module, params, procfs, sysfs, run)
         else:
             out, warnings, diff = _present(module, params, procfs, sysfs, run)
-    except (AffinityError, NicError, TreeError, PersistError) as exc:
-        module.fail_json(msg=str(exc), changed=False, **exc.details)
+    except (AffinityError, NicError, TreeError, PersistError, StateError) as exc:
+        details = dict(exc.details)
+        details.setdefault("changed", False)
+        module.fail_json(msg=str(exc), **details)
     for warning in warnings:
         module.warn(warning)
     if module._diff:

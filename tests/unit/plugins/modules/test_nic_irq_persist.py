@@ -281,3 +281,85 @@ def test_absent_removes_the_default_lib_dir_with_the_bytecode_python_wrote(lab):
     assert kind is Exit and res["changed"] is True
     assert not os.path.exists(under(lab, "/usr/local/lib/gpunode-tuning")), "the lib dir the collection made is left"
     assert os.path.isdir(under(lab, "/usr/local/lib")), "a directory above the lib dir was removed"
+
+
+# irqbalance handled in the same run (the nic_irq_pinning role's one task) -----------------------------------------
+
+
+def with_irqbalance(tree, mode, **kw):
+    """The tree's irqbalance is enabled and running, with the package's commented-out config."""
+    os.makedirs(under(tree, "/usr/sbin"), exist_ok=True)
+    open(under(tree, "/usr/sbin/irqbalance"), "w").close()
+    return args(tree, allow_irqbalance=False, irqbalance=dict(dict(mode=mode, os_family="Debian"), **kw))
+
+
+def test_disabled_irqbalance_is_planned_stopped_and_masked_before_the_pins_in_one_run(lab):
+    settings = with_irqbalance(lab, "disabled")
+    before = snapshot(lab.root)
+    kind, res = run(settings, check=True, diff=True)
+    assert kind is Exit and res["changed"] is True, res
+    assert snapshot(lab.root) == before
+    ib = res["irqbalance_state"]
+    assert ib["status"]["active"] is True and ib["status"]["mode"] == "disabled"
+    assert [a.split(" ")[0] for a in ib["systemd"]] == ["mask", "disable", "stop"], ib["systemd"]
+    assert res["cpulist"] == "4-7" and res["drift"]
+    # The stored state says irqbalance is gone (the boot-time run refuses a running one), whatever was passed.
+    kind, res = run(dict(with_irqbalance(lab, "disabled"), allow_irqbalance=True))
+    assert kind is Exit and res["changed"] is True and res["verified"] is True
+    with open(under(lab, "/etc/gpunode/nic-irq-affinity.json")) as handle:
+        assert json.load(handle)["allow_irqbalance"] is False
+    assert os.path.exists(under(lab, "/etc/gpunode/irqbalance-masked.json"))
+    # Converged: pins and files unchanged. (No systemctl runs on a captured tree, so the tree's irqbalance still
+    # looks active and its stop is planned again; the lab proves the live node converges to changed=0.)
+    kind, res = run(with_irqbalance(lab, "disabled"), check=True)
+    assert kind is Exit and res["drift"] == [] and [f for f in res["files"] if f["action"] != "unchanged"] == []
+    assert [f for f in res["irqbalance_state"]["files"] if f["action"] != "unchanged"] == []
+    assert all(a.endswith("(captured tree: not run)") for a in res["irqbalance_state"]["systemd"])
+
+
+def test_banned_irqbalance_bans_the_planned_cpus_and_this_nic_and_the_stored_state_allows_it(lab):
+    kind, res = run(with_irqbalance(lab, "banned"), diff=True)
+    assert kind is Exit and res["changed"] is True, res
+    ib = res["irqbalance_state"]
+    assert ib["plan"]["banned_cpulist"] == res["cpulist"] == "4-7"
+    assert ib["plan"]["banned_devices"] == ["0000:42:01.0"]
+    with open(under(lab, "/etc/default/irqbalance")) as handle:
+        assert "IRQBALANCE_BANNED_CPULIST=4-7\n" in handle.read()
+    with open(under(lab, "/usr/local/libexec/gpunode-irqbalance-policy")) as handle:
+        assert "0000:42:01.0" in handle.read()
+    with open(under(lab, "/etc/gpunode/nic-irq-affinity.json")) as handle:
+        assert json.load(handle)["allow_irqbalance"] is True
+    headers = [d["before_header"] for d in res["diff"]]
+    assert "/etc/default/irqbalance" in headers and "/etc/gpunode/nic-irq-affinity.json" in headers
+    kind, res = run(with_irqbalance(lab, "banned"), check=True)
+    assert kind is Exit and res["changed"] is False
+    # state=absent gives irqbalance back (the package's bytes) after removing the persistence.
+    kind, res = run(dict(state="absent", irqbalance=dict(mode="absent", os_family="Debian"),
+                         procfs_path=lab.proc, sysfs_path=lab.sys))
+    assert kind is Exit and res["changed"] is True
+    with open(under(lab, "/etc/default/irqbalance")) as handle:
+        assert handle.read() == "#IRQBALANCE_ONESHOT=\n#IRQBALANCE_BANNED_CPULIST=\n"
+    assert not os.path.exists(under(lab, "/etc/gpunode/nic-irq-affinity.json"))
+    assert not os.path.exists(under(lab, "/usr/local/libexec/gpunode-irqbalance-policy"))
+
+
+@pytest.mark.parametrize("state, mode", [("present", "absent"), ("absent", "disabled"), ("absent", "banned")])
+def test_an_irqbalance_mode_that_does_not_fit_the_state_fails_and_changes_nothing(lab, state, mode):
+    settings = dict(with_irqbalance(lab, mode), state=state)
+    before = snapshot(lab.root)
+    kind, res = run(settings)
+    assert kind is Fail and res["option"] == "irqbalance.mode" and res["value"] == mode, res
+    assert repr(mode) in res["msg"] and "expected" in res["msg"]
+    assert snapshot(lab.root) == before
+
+
+def test_bad_irqbalance_input_fails_before_any_pin_or_file_is_written(lab):
+    settings = with_irqbalance(lab, "banned", policy_script="relative/policy")
+    before = snapshot(lab.root)
+    affinity = {p: open(p).read() for p in (os.path.join(lab.proc, "irq", i, "smp_affinity_list")
+                                            for i in os.listdir(os.path.join(lab.proc, "irq")) if i.isdigit())}
+    kind, res = run(settings)
+    assert kind is Fail and res["option"] == "policy_script" and res["value"] == "relative/policy", res
+    assert res["changed"] is False
+    assert snapshot(lab.root) == before
+    assert {p: open(p).read() for p in affinity} == affinity
