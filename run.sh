@@ -153,7 +153,7 @@ step_molecule() {
     for s in "${list[@]}"; do
         t0=$SECONDS
         log "molecule test -s $s"
-        if flock /tmp/gpunode-molecule.lock molecule test -s "$s" 2>&1 | stamp_steps; [ "${PIPESTATUS[0]}" -eq 0 ]; then
+        if PYTHONUNBUFFERED=1 flock /tmp/gpunode-molecule.lock molecule test -s "$s" 2>&1 | stamp_steps; [ "${PIPESTATUS[0]}" -eq 0 ]; then
             echo "scenario $s: passed in $((SECONDS - t0)) s"
         else
             echo "scenario $s: FAILED after $((SECONDS - t0)) s"

@@ -314,11 +314,18 @@ class Systemd(object):
     def __init__(self, module, live, check):
         self.module, self.live, self.check, self.actions = module, live, check, []
 
-    def query(self, *argv):
+    def states(self, *units):
+        """UnitFileState and ActiveState of each unit, in one systemctl call (each call costs time on a slow node)."""
         if not self.live:
-            return None
-        rc, out, _err = self.module.run_command(["systemctl"] + list(argv), environ_update={"LC_ALL": "C"})
-        return out.strip() if rc in (0, 1, 3, 4) else None
+            return {}
+        rc, out, _err = self.module.run_command(["systemctl", "show", "--property=Id", "--property=UnitFileState",
+                                                 "--property=ActiveState"] + list(units), environ_update={"LC_ALL": "C"})
+        found = {}
+        if rc == 0:   # one block per unit, in the order asked, separated by an empty line
+            for unit, block in zip(units, out.strip().split("\n\n")):
+                props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+                found[props.get("Id") or unit] = props
+        return found
 
     def do(self, argv, label):
         if self.check or not self.live:
@@ -377,7 +384,8 @@ def _present(module, params, procfs, sysfs, run):
 
 def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desired, files, actions, settings, root,
                      irqbalance_result):
-    if module.check_mode:
+    if module.check_mode or not (plan["changed"] or (irqbalance_result or {}).get("changed")):
+        # Nothing to pin and irqbalance as it was: the plan is the outcome (the read-back below still reads the IRQs).
         result = plan
     else:
         # irqbalance (when this run handles it) is stopped or bans these CPUs by now: pin with the stored setting,
@@ -400,10 +408,13 @@ def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desi
         if any(a["path"] == UDEV_RULE for a in changed_files):
             systemd.do(["udevadm", "control", "--reload"], "udevadm control --reload")
         # Enablement is read from systemd itself, so only on the live system.
-        if systemd.live and systemd.query("is-enabled", UNIT) != "enabled":
-            systemd.do(["systemctl", "enable", UNIT], "enable %s" % UNIT)
-        if systemd.live and settings["recheck_interval"]:
-            if systemd.query("is-enabled", TIMER) != "enabled" or systemd.query("is-active", TIMER) != "active":
+        if systemd.live:
+            found = systemd.states(UNIT, TIMER)
+            if found.get(UNIT, {}).get("UnitFileState") != "enabled":
+                systemd.do(["systemctl", "enable", UNIT], "enable %s" % UNIT)
+            timer = found.get(TIMER, {})
+            if settings["recheck_interval"] and (timer.get("UnitFileState") != "enabled"
+                                                 or timer.get("ActiveState") != "active"):
                 systemd.do(["systemctl", "enable", "--now", TIMER], "enable --now %s" % TIMER)
     out = dict(
         changed=bool(result["changed"] or changed_files or systemd.actions),

@@ -363,3 +363,30 @@ def test_bad_irqbalance_input_fails_before_any_pin_or_file_is_written(lab):
     assert res["changed"] is False
     assert snapshot(lab.root) == before
     assert {p: open(p).read() for p in affinity} == affinity
+
+
+class _ShowModule(object):
+    """What ``systemctl show --property=Id,UnitFileState,ActiveState A B`` printed on the lab's Debian 12 guest."""
+
+    def __init__(self, out, rc=0):
+        self.out, self.rc, self.calls = out, rc, []
+
+    def run_command(self, argv, environ_update=None):
+        self.calls.append(argv)
+        return self.rc, self.out, ""
+
+
+@pytest.mark.parametrize("out, unit_state, timer_state", [
+    ("Id=gpunode-nic-irq-affinity.service\nActiveState=inactive\nUnitFileState=enabled\n\n"
+     "Id=gpunode-nic-irq-affinity.timer\nActiveState=active\nUnitFileState=enabled\n", "enabled", ("enabled", "active")),
+    ("Id=gpunode-nic-irq-affinity.service\nActiveState=inactive\nUnitFileState=\n\n"
+     "Id=gpunode-nic-irq-affinity.timer\nActiveState=inactive\nUnitFileState=\n", "", ("", "inactive")),
+])
+def test_unit_states_are_read_in_one_systemctl_call(out, unit_state, timer_state):
+    fake = _ShowModule(out)
+    found = nic_irq_persist.Systemd(fake, True, False).states(nic_irq_persist.UNIT, nic_irq_persist.TIMER)
+    assert len(fake.calls) == 1 and fake.calls[0][:2] == ["systemctl", "show"]
+    assert found[nic_irq_persist.UNIT]["UnitFileState"] == unit_state
+    assert (found[nic_irq_persist.TIMER]["UnitFileState"], found[nic_irq_persist.TIMER]["ActiveState"]) == timer_state
+    # systemctl failing reads as "not enabled" (the run then enables), never as enabled.
+    assert nic_irq_persist.Systemd(_ShowModule("", rc=1), True, False).states(nic_irq_persist.UNIT) == {}
