@@ -181,17 +181,27 @@ def assert_fresh_plan_was_applied(node):
     return fresh
 
 
-def reboot(node, boot_id, timeout=600):
-    """Reboot the guest (systemd, 2 s after this SSH session ends); seconds until SSH is back in a new boot."""
-    ssh(node["name"], "systemd-run --on-active=2 systemctl reboot")
-    start = time.monotonic()
+def in_new_boot(node, boot_id):
+    """A predicate: the guest answers SSH in a boot other than ``boot_id``.
 
+    QEMU's port forward accepts the TCP connection even while the guest has no sshd, and ssh then waits for a banner
+    that does not come (ConnectTimeout does not apply): so ask for sshd's banner first, with a short timeout, and
+    only then log in. Each try costs seconds, not the 30 s of a hung login."""
     def rebooted():
+        inst = LAB.load_instance("%s-%s" % (SCENARIO_NAME, node["name"]))
+        if not LAB.ssh_banner(inst["port"], timeout=3):
+            return False
         try:
             res = ssh(node["name"], "cat /proc/sys/kernel/random/boot_id", check=False, timeout=30)
         except subprocess.TimeoutExpired:
             return False
         return res.returncode == 0 and res.stdout.strip() != boot_id
+    return rebooted
 
-    assert wait_until(rebooted, timeout=timeout, step=5) is not None, "%s did not come back" % node["name"]
+
+def reboot(node, boot_id, timeout=600):
+    """Reboot the guest (systemd, 2 s after this SSH session ends); seconds until SSH is back in a new boot."""
+    ssh(node["name"], "systemd-run --on-active=2 systemctl reboot")
+    start = time.monotonic()
+    assert wait_until(in_new_boot(node, boot_id), timeout=timeout, step=2) is not None, "%s did not come back" % node["name"]
     return time.monotonic() - start

@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
 from labtest import (ENTRY, GPU, LIB, MASK_MARKER, RECHECK, RULE, STATE, TIMER, UNIT,  # noqa: E402
-                     assert_fresh_plan_was_applied, assert_gpu_layout, host, pinned_as_planned, planned,
-                     playbook, probe, queue_cpus, report, ssh, wait_until)
+                     assert_fresh_plan_was_applied, assert_gpu_layout, host, in_new_boot, pinned_as_planned,
+                     planned, playbook, probe, queue_cpus, report, ssh, wait_until)
 
 OPEN = {"name": "open-nic", "iface": "ens8", "pci": "0000:00:08.0", "queues": 4}
 HOOK = "/etc/network/if-up.d/gpunode-nic-irq-pin"
@@ -131,17 +130,9 @@ def test_reboot_restores_the_pins_from_the_boot_unit_and_the_if_up_hook():
         ssh(node["name"], "systemd-run --on-active=2 systemctl reboot")
     start = time.monotonic()
 
-    def back(node):
-        def rebooted():
-            try:
-                res = ssh(node["name"], "cat /proc/sys/kernel/random/boot_id", check=False, timeout=30)
-            except subprocess.TimeoutExpired:
-                return False
-            return res.returncode == 0 and res.stdout.strip() != boot_ids[node["name"]]
-        return rebooted
-
     for node in (GPU, OPEN):
-        assert wait_until(back(node), timeout=600, step=5) is not None, "%s did not come back" % node["name"]
+        back = in_new_boot(node, boot_ids[node["name"]])
+        assert wait_until(back, timeout=600, step=2) is not None, "%s did not come back" % node["name"]
     up = time.monotonic() - start
 
     def gpu_restored():
