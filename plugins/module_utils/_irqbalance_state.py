@@ -30,7 +30,7 @@ import re
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import UNIT, IrqbalanceError, plan_ban, read_irqbalance
-from ansible_collections.gpunode.tuning.plugins.module_utils._persist import PersistError, apply_files, plan_files, rooted
+from ansible_collections.gpunode.tuning.plugins.module_utils._persist import PersistError, apply_files, plan_files, rooted, systemctl_show
 
 MANAGED_BY = "gpunode.tuning.irqbalance"
 MODES = ("disabled", "banned", "absent")
@@ -193,7 +193,7 @@ class Unit(object):
                                  "--property=UnitFileState"])
         if rc != 0:
             raise StateError("systemctl show %s failed (rc %d): %s" % (UNIT, rc, (err or out).strip()), command="systemctl show")
-        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        return systemctl_show(out)[0]
 
     def is_enabled(self):
         if not self.live:

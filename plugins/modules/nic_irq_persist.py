@@ -83,8 +83,9 @@ options:
   assume_irqbalance_stopped:
     description:
       - Plan although irqbalance is active, as if it were already stopped. For check mode of a play that stops
-        irqbalance before this task (the nic_irq_pinning role). Only the run uses it; the stored desired state keeps
-        O(allow_irqbalance), so check mode on a converged node compares the same file.
+        irqbalance itself before this task (the nic_irq_pinning role uses O(irqbalance) instead, which implies it).
+        Only the run uses it; the stored desired state keeps O(allow_irqbalance), so check mode on a converged node
+        compares the same file.
     type: bool
     default: false
   irqbalance:
@@ -261,7 +262,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state i
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
     PKG_DIR, RECHECK_UNIT, TIMER, UDEV_RULE, UNIT, UNIT_DIR, PersistError, apply_files, installed_library, owned_paths,
-    plan_files, render, rooted)
+    plan_files, render, rooted, systemctl_show)
 
 ARGUMENT_SPEC = dict(
     SELECTOR_ARGUMENT_SPEC,
@@ -321,9 +322,8 @@ class Systemd(object):
         rc, out, _err = self.module.run_command(["systemctl", "show", "--property=Id", "--property=UnitFileState",
                                                  "--property=ActiveState"] + list(units), environ_update={"LC_ALL": "C"})
         found = {}
-        if rc == 0:   # one block per unit, in the order asked, separated by an empty line
-            for unit, block in zip(units, out.strip().split("\n\n")):
-                props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if rc == 0:
+            for unit, props in zip(units, systemctl_show(out)):
                 found[props.get("Id") or unit] = props
         return found
 
