@@ -96,7 +96,17 @@ HOST_PACKAGES = {
 #   no-irqbalance: the same with irqbalance purged (a node without irqbalance)
 VARIANTS = {"full": [], "no-irqbalance": ["irqbalance"]}
 
-KERNEL_CMDLINE = "root=/dev/vda rw console=ttyS0 mitigations=off"
+# initramfs_async=0: unpack the initramfs before the initcalls that follow it.
+# Unpacked asynchronously (the default), it races the TSC clocksource switch, a
+# stop_machine(): under TCG on 2 host cores the seven spinning vCPUs starve the
+# one still decompressing, and a boot took 60-90 s in the kernel instead of 12
+# (soft lockups in migration/N; measured on gpu-node, see molecule/README.md).
+GUEST_CMDLINE = "console=ttyS0 mitigations=off initramfs_async=0"
+KERNEL_CMDLINE = "root=/dev/vda rw " + GUEST_CMDLINE
+
+# systemd-run's timers default to AccuracySec=1min: "--on-active=2" fired up to
+# 60 s late (measured: 29 s). Delayed actions in the guest use this.
+TIMER_NOW = "--timer-property=AccuracySec=100ms"
 
 # Guest shapes. PCI slots on the root bus are explicit so that interface
 # names never move: ens3 = management NIC, 0x5 = disk.
@@ -849,7 +859,9 @@ def kvm_usable(image: Path) -> bool:
 
 
 def state_key(shape: str, accel: str, kernel_args: str, boot: str) -> str:
-    return f"{shape}-{accel}-{boot}-" + hashlib.sha256(kernel_args.encode()).hexdigest()[:8]
+    """The saved state's name: a different base command line is a different state (a restore of a state saved with
+    another one would fail the command-line check)."""
+    return f"{shape}-{accel}-{boot}-" + hashlib.sha256(f"{GUEST_CMDLINE}|{kernel_args}".encode()).hexdigest()[:8]
 
 
 def qemu_version() -> str:
@@ -927,9 +939,9 @@ def _switch_to_grub(inst: dict, image: Path, kernel_args: str, timeout: int) -> 
     the same disk through GRUB's core image."""
     name = inst["name"]
     extra = f' {kernel_args}' if kernel_args else ""
-    guest_ssh(inst, "sed -i 's|^GRUB_CMDLINE_LINUX=.*|GRUB_CMDLINE_LINUX=\"console=ttyS0 mitigations=off"
+    guest_ssh(inst, f"sed -i 's|^GRUB_CMDLINE_LINUX=.*|GRUB_CMDLINE_LINUX=\"{GUEST_CMDLINE}"
               + extra + "\"|' /etc/default/grub.d/gpunode-lab.cfg && update-grub 2>&1 && sync", timeout=300)
-    guest_ssh(inst, "systemd-run --on-active=1 systemctl poweroff", check=False)
+    guest_ssh(inst, f"systemd-run {TIMER_NOW} --on-active=1 systemctl poweroff", check=False)
     d = inst_dir(name)
     deadline = time.monotonic() + timeout
     while pid_alive(inst["pid"], str(d / "qemu.pid")):

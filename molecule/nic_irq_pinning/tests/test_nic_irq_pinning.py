@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
 from labtest import (ENTRY, GPU, LIB, MASK_MARKER, RECHECK, RULE, STATE, TIMER, UNIT,  # noqa: E402
                      assert_fresh_plan_was_applied, assert_gpu_layout, host, in_new_boot, pinned_as_planned,
-                     planned, playbook, probe, queue_cpus, report, ssh, wait_until)
+                     planned, playbook, probe, queue_cpus, report, ssh, start_reboot, wait_until)
 
 OPEN = {"name": "open-nic", "iface": "ens8", "pci": "0000:00:08.0", "queues": 4}
 HOOK = "/etc/network/if-up.d/gpunode-nic-irq-pin"
@@ -127,7 +127,7 @@ def test_reboot_restores_the_pins_from_the_boot_unit_and_the_if_up_hook():
         ssh(node["name"], "systemctl disable --now gpunode-nic-irq-affinity.timer")
         boot_ids[node["name"]] = probe(node)["boot_id"]
     for node in (GPU, OPEN):                      # both guests reboot at once
-        ssh(node["name"], "systemd-run --on-active=2 systemctl reboot")
+        start_reboot(node)
     start = time.monotonic()
 
     for node in (GPU, OPEN):
