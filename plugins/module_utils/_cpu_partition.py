@@ -1,0 +1,131 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The node's CPUs split into housekeeping and workload: the one implementation of the split.
+
+Private module_utils of gpunode.tuning, standard library only. Housekeeping
+CPUs are where system services and the pinned NIC IRQs run (the IRQ CPUs plus
+reserved ones); workload CPUs are the rest, for the training job. The
+cpuset_slices module and the roles that fence the workload (isolcpus, Slurm
+``CpuSpecList``, kubelet ``reservedSystemCPUs``) all take the split from
+:func:`split`, so they cannot disagree about which CPU is whose.
+
+Every CPU argument is anything :func:`_cpulist.parse_cpulist` accepts (a CPU
+list string such as ``"0-3,8"``, an integer, a list of integers).
+"""
+
+from __future__ import annotations
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, format_cpulist, parse_cpulist
+
+# How the errors name each argument; callers with other option names pass ``labels``.
+LABELS = {"housekeeping": "housekeeping", "irq_cpus": "irq_cpus", "reserved": "reserved", "workload": "workload"}
+
+
+class PartitionError(ValueError):
+    """A split that cannot be made; ``details`` names the option, the bad value and what was expected."""
+
+    def __init__(self, message, **details):
+        super(PartitionError, self).__init__(message)
+        self.details = details
+
+
+def _blank(value):
+    """None, a blank string and an empty list all mean "not given"."""
+    return value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, (list, tuple)) and not value)
+
+
+def _parse(value, key, names):
+    try:
+        return set(parse_cpulist(value))
+    except CpuListError as exc:
+        raise PartitionError("%s %r is not a CPU list: %s" % (names[key], value, exc), option=names[key], value=value,
+                             expected=exc.expected or "a CPU list such as 0-3,8")
+
+
+def split(online, housekeeping=None, irq_cpus=(), reserved=(), workload=None, labels=None):
+    """Return ``(housekeeping, workload)``, two disjoint non-empty sets of online CPUs.
+
+    housekeeping = ``housekeeping`` when given, else ``irq_cpus`` | ``reserved``;
+    workload = ``workload`` when given, else the online CPUs that are not housekeeping.
+    ``None``, a blank string and an empty list mean "not given". With ``housekeeping`` given,
+    ``irq_cpus`` and ``reserved`` may still be given, and must then be inside it
+    (the IRQ CPUs are never the workload's). Online CPUs in neither set are
+    fine: :func:`unassigned` names them.
+
+    Raises :class:`PartitionError` for: a value that is not a CPU list, no
+    online CPU, a CPU that is not online, IRQ or reserved CPUs outside an
+    explicit housekeeping set, an empty housekeeping or workload set, and
+    housekeeping and workload sharing CPUs.
+    """
+    names = dict(LABELS, **(labels or {}))
+    try:
+        up = set(parse_cpulist(online))
+    except CpuListError as exc:
+        raise PartitionError("online CPUs %r are not a CPU list: %s" % (online, exc), option="online", value=online,
+                             expected="the online CPUs, as devices/system/cpu/online lists them")
+    if not up:
+        raise PartitionError("no online CPUs to split", option="online", value=online, expected="at least two online CPUs")
+    given = {}
+    for key, value in (("housekeeping", housekeeping), ("irq_cpus", irq_cpus), ("reserved", reserved), ("workload", workload)):
+        given[key] = None if _blank(value) else _parse(value, key, names)
+    online_text = format_cpulist(up)
+    for key in ("housekeeping", "irq_cpus", "reserved", "workload"):
+        offline = sorted((given[key] or set()) - up)
+        if offline:
+            raise PartitionError(
+                "%s names CPU%s %s, not online on this node; the online CPUs are %s"
+                % (names[key], "s" if len(offline) > 1 else "", format_cpulist(offline), online_text),
+                option=names[key], value=format_cpulist(given[key]), cpus=format_cpulist(offline), online=online_text,
+                expected="CPUs out of %s" % online_text)
+    derived = (given["irq_cpus"] or set()) | (given["reserved"] or set())
+    if given["housekeeping"] is not None:
+        house = given["housekeeping"]
+        outside = sorted(derived - house)
+        if outside:
+            raise PartitionError(
+                "%s %s leaves out CPU%s %s of %s/%s: the IRQ and reserved CPUs are housekeeping CPUs"
+                % (names["housekeeping"], format_cpulist(house), "s" if len(outside) > 1 else "", format_cpulist(outside),
+                   names["irq_cpus"], names["reserved"]),
+                option=names["housekeeping"], value=format_cpulist(house), cpus=format_cpulist(outside),
+                expected="a CPU list that contains every IRQ and reserved CPU, or %s alone" % names["housekeeping"])
+        source = names["housekeeping"]
+    else:
+        house = derived
+        source = "%s + %s" % (names["irq_cpus"], names["reserved"])
+    if not house:
+        raise PartitionError(
+            "the housekeeping CPUs are empty: give %s, or %s and/or %s (the CPUs where system services and the NIC "
+            "IRQs run)" % (names["housekeeping"], names["irq_cpus"], names["reserved"]),
+            option=names["housekeeping"], value="", expected="a non-empty CPU list such as 0-3")
+    if given["workload"] is not None:
+        work = given["workload"]
+        both = sorted(house & work)
+        if both:
+            raise PartitionError(
+                "%s %s and the housekeeping CPUs %s (%s) overlap on CPU%s %s; a CPU is either housekeeping or workload"
+                % (names["workload"], format_cpulist(work), format_cpulist(house), source, "s" if len(both) > 1 else "",
+                   format_cpulist(both)),
+                option=names["workload"], value=format_cpulist(work), cpus=format_cpulist(both),
+                expected="CPUs out of %s" % format_cpulist(up - house))
+    else:
+        work = up - house
+    if not work:
+        raise PartitionError(
+            "no workload CPUs left: the housekeeping CPUs %s (%s) take every online CPU (%s)"
+            % (format_cpulist(house), source, online_text),
+            option=names["workload"], value="", cpus=format_cpulist(house), online=online_text,
+            expected="housekeeping CPUs that leave at least one online CPU for the workload")
+    return house, work
+
+
+def unassigned(online, housekeeping, workload):
+    """The online CPUs in neither set, sorted."""
+    return sorted(set(parse_cpulist(online)) - set(housekeeping) - set(workload))
+
+
+def as_cpulists(online, housekeeping, workload):
+    """The split as the kernel writes CPU lists: housekeeping_cpus, workload_cpus, unassigned_cpus."""
+    return {"housekeeping_cpus": format_cpulist(housekeeping), "workload_cpus": format_cpulist(workload),
+            "unassigned_cpus": format_cpulist(unassigned(online, housekeeping, workload))}
