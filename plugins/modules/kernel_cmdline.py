@@ -1,0 +1,244 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kernel_cmdline
+short_description: Add, replace or remove kernel parameters for the next boot, keeping every other one as it was
+version_added: 0.1.0
+description:
+  - Sets kernel parameters such as C(isolcpus=domain,managed_irq,2-3), C(nohz_full=2-3), C(rcu_nocbs=2-3),
+    C(irqaffinity=0-1) or a bare flag for the next boot, idempotently. Every other parameter stays as it was.
+  - With O(state=present) each key of O(parameters) ends up on the next boot's command line exactly once, with exactly
+    the value given; an occurrence of the same key anywhere in the configured line is replaced. Keys are matched as
+    the kernel matches them (before the first C(=), C(-) and C(_) the same). The module manages the union of the
+    parameters of all its runs; O(state=absent) removes the keys named (values ignored) from that set and puts back
+    what the module replaced for them.
+  - B(grub_debian) (Debian, Ubuntu). The configured line is what C(grub-mkconfig) builds - it sources
+    C(/etc/default/grub) and then C(/etc/default/grub.d/*.cfg) in glob order - evaluated with the target's C(/bin/sh)
+    (GRUB_CMDLINE_LINUX, then GRUB_CMDLINE_LINUX_DEFAULT). The module's parameters live in the drop-in
+    C(/etc/default/grub.d/DROPIN_NAME) (C(GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX ...")), removed when nothing is left to
+    manage. A managed key set in an earlier file is removed from the assignment line that sets it - that token only,
+    quoting and C($VAR) references kept - and the line before and after is recorded in C(STATE_DIR/kernel-cmdline.json);
+    O(state=absent) puts the line back byte for byte, when it is still what the module left (otherwise it warns and
+    leaves it). A line that is not one simple C(VAR="..."), C(VAR='...') or C(VAR=word) assignment fails, naming file
+    and line. After writing, C(update-grub) (or C(grub-mkconfig -o /boot/grub/grub.cfg)) runs, and the next boot's
+    line is read back from the default entry of C(/boot/grub/grub.cfg) (C(GRUB_DEFAULT) as a number, a title or id,
+    C(>) paths into submenus, C(saved) and C(next_entry) from C(/boot/grub/grubenv)). When update-grub fails, the
+    files are put back.
+  - B(grubby) (the RHEL family, Boot Loader Specification entries). Reads C(grubby --info=ALL) and
+    C(grubby --default-kernel), applies with C(grubby --update-kernel=ALL --remove-args=... --args=...), checks every
+    entry afterwards and reads back C(grubby --info=DEFAULT). The tokens a key had on each kernel before the module
+    first set it are kept in the same marker, and O(state=absent) gives them back.
+  - Every input is checked before anything changes - each parameter (no blanks, quotes, C($), backticks,
+    backslashes, C(;), C(|), C(&), C(<) or C(>), no empty or repeated key), the C(isolcpus) flags (C(domain),
+    C(managed_irq), C(nohz)) and the CPU lists of C(isolcpus), C(nohz_full), C(rcu_nocbs) and C(irqaffinity), every GRUB
+    file (C(sh -n)), and the result grub-mkconfig would build (each managed parameter on it exactly once).
+author:
+  - gpunode.tuning contributors (@gpunode)
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: The same plan as a real run - files, the configured line before and after (evaluated, not written) and
+      the grubby calls; writes nothing, runs no update-grub and no changing grubby call.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: full
+    details: Before and after of every file that differs (the drop-in, an edited C(/etc/default/grub) line, the
+      marker); for grubby also the args of every boot entry that changes.
+options:
+  parameters:
+    description:
+      - Kernel parameters, each C(key=value) or a bare C(flag), for example C(isolcpus=domain,managed_irq,2-3),
+        C(nohz_full=2-3), C(rcu_nocbs=2-3), C(irqaffinity=0-1), C(nosmt). Each key once.
+      - The CPU lists of C(isolcpus), C(nohz_full), C(rcu_nocbs) and C(irqaffinity) are checked (C(2-3,8), the
+        kernel's C(0-15:2/4) groups too; C(N) and C(all) are refused), as are the C(isolcpus) flags.
+      - With O(state=absent) only the keys count.
+    type: list
+    elements: str
+    required: true
+  state:
+    description: Whether the keys of O(parameters) are set (V(present)) or given back (V(absent)).
+    type: str
+    choices: [present, absent]
+    default: present
+  bootloader:
+    description:
+      - V(auto) picks V(grub_debian) where C(update-grub) or C(grub-mkconfig) and C(/etc/default/grub) exist, else
+        V(grubby) where C(grubby) exists, else fails.
+      - V(grubby) works on the live system only (O(root=/)).
+    type: str
+    choices: [auto, grub_debian, grubby]
+    default: auto
+  root:
+    description:
+      - Directory every path is read and written under, for a captured or copied system tree. With a root other than
+        C(/) no command that touches the live system runs (no update-grub, no grubby) - the files are planned and
+        written under it only, RV(bootloader_updated) is false, and C(/boot/grub/grub.cfg) under it, when there, is
+        read as it is. The tools for O(bootloader=auto) are then looked for under it.
+      - The GRUB files are evaluated with this host's C(/bin/sh), as grub-mkconfig sources them, also under a root.
+    type: path
+    default: /
+  procfs_path:
+    description: Root of procfs, where C(cmdline) (the running command line) is read. Not under O(root).
+    type: path
+    default: /proc
+  state_dir:
+    description: Where the marker C(kernel-cmdline.json) lives (the parameters managed and what they replaced).
+    type: path
+    default: /var/lib/gpunode-tuning
+  dropin_name:
+    description: The drop-in's file name under C(/etc/default/grub.d); must end in C(.cfg) (grub-mkconfig sources only those).
+    type: str
+    default: 99-gpunode-tuning.cfg
+notes:
+  - Commands run through the module - C(/bin/sh) (C(sh -n) and the evaluation of the GRUB files), C(update-grub) or
+    C(grub-mkconfig), and C(grubby) - and only the first on a tree.
+  - A file sourced after the drop-in that sets GRUB_CMDLINE_LINUX without C($GRUB_CMDLINE_LINUX) would drop the
+    parameters; the module sees that in the evaluated result and fails before writing.
+  - The glob order of grub.d is the C locale's, as the module runs update-grub with C(LC_ALL=C).
+  - Nothing reboots. RV(reboot_required) says whether the running kernel's parameters differ from the next boot's.
+seealso:
+  - name: The kernel's command-line parameters
+    description: isolcpus, nohz_full, rcu_nocbs, irqaffinity and the CPU list format.
+    link: https://www.kernel.org/doc/html/latest/admin-guide/kernel-parameters.html
+  - name: GRUB simple configuration
+    description: GRUB_CMDLINE_LINUX, GRUB_CMDLINE_LINUX_DEFAULT and GRUB_DEFAULT.
+    link: https://www.gnu.org/software/grub/manual/grub/html_node/Simple-configuration.html
+"""
+
+EXAMPLES = r"""
+- name: Isolate CPUs 2-3 for the training workers from the next boot on
+  gpunode.tuning.kernel_cmdline:
+    parameters:
+      - isolcpus=domain,managed_irq,2-3
+      - nohz_full=2-3
+      - rcu_nocbs=2-3
+  register: cmdline
+
+- name: Say when a reboot is needed
+  ansible.builtin.debug:
+    msg: "reboot needed: {{ cmdline.reboot_required }}, next boot: {{ cmdline.next_boot_cmdline | join(' ') }}"
+
+- name: Give back isolcpus and nohz_full (what they replaced comes back)
+  gpunode.tuning.kernel_cmdline:
+    parameters: [isolcpus, nohz_full]
+    state: absent
+
+- name: Plan on a copy of a node's /etc and /boot, without running anything on it
+  gpunode.tuning.kernel_cmdline:
+    parameters: [irqaffinity=0-1]
+    bootloader: grub_debian
+    root: /srv/captures/node17
+  check_mode: true
+"""
+
+RETURN = r"""
+bootloader:
+  description: The bootloader used, V(grub_debian) or V(grubby).
+  returned: success
+  type: str
+managed:
+  description: The parameters this module manages after the run (all its runs together).
+  returned: success
+  type: list
+  elements: str
+  sample: ["isolcpus=domain,managed_irq,2-3", "nohz_full=2-3"]
+configured_before:
+  description:
+    - The configured parameters before the run. V(grub_debian) - GRUB_CMDLINE_LINUX then GRUB_CMDLINE_LINUX_DEFAULT as
+      grub-mkconfig would build them (a normal entry's line). V(grubby) - the default entry's args.
+  returned: success
+  type: list
+  elements: str
+configured_after:
+  description: The same after the run (in check mode, computed from the plan).
+  returned: success
+  type: list
+  elements: str
+running:
+  description: The running kernel's parameters (C(/proc/cmdline), split as the kernel splits it).
+  returned: success
+  type: list
+  elements: str
+next_boot_cmdline:
+  description:
+    - The parameters the next boot passes after the kernel image - the C(linux) line of grub.cfg's default entry, or
+      C(grubby --info=DEFAULT) (C(root=) and args). GRUB variables (C($vt_handoff)) are shown as written. Null when
+      not known (no grub.cfg).
+  returned: success
+  type: list
+  elements: str
+reboot_required:
+  description:
+    - Whether the running parameters differ from the next boot's (BOOT_IMAGE= and initrd= left out). In check mode,
+      and when the bootloader was not updated, computed from RV(configured_after) for the keys managed or given back.
+  returned: success
+  type: bool
+bootloader_updated:
+  description: Whether update-grub (grub-mkconfig) or grubby changed the boot configuration in this run.
+  returned: success
+  type: bool
+commands:
+  description: The bootloader commands run (in check mode, that would run).
+  returned: success
+  type: list
+  elements: str
+  sample: ["update-grub"]
+files:
+  description: Every file compared, with C(action) create, update, remove or unchanged, and the reason.
+  returned: success
+  type: list
+  elements: dict
+  sample: [{"path": "/etc/default/grub.d/99-gpunode-tuning.cfg", "action": "create", "reason": "missing"}]
+marker:
+  description: The marker's path.
+  returned: success
+  type: str
+  sample: /var/lib/gpunode-tuning/kernel-cmdline.json
+msg:
+  description: With a root other than C(/) - that nothing ran on the live system.
+  returned: when root is not /
+  type: str
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline import (
+    ARGUMENT_SPEC,
+    COMMANDS,
+    TREE_COMMANDS,
+    converge,
+    tree_which,
+)
+from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import KernelCmdlineError
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    live = os.path.realpath(params["root"]) == "/"
+    which = module.get_bin_path if live else tree_which(params["root"])
+    run = module_runner(module, commands=COMMANDS if live else TREE_COMMANDS)
+    try:
+        result, diff = converge(params, run, module.check_mode, live, which, procfs=params["procfs_path"])
+    except KernelCmdlineError as exc:
+        module.fail_json(msg=str(exc), changed=False, **exc.details)
+    for warning in result.pop("warnings"):
+        module.warn(warning)
+    if module._diff:
+        result["diff"] = diff
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
