@@ -129,3 +129,68 @@ def as_cpulists(online, housekeeping, workload):
     """The split as the kernel writes CPU lists: housekeeping_cpus, workload_cpus, unassigned_cpus."""
     return {"housekeeping_cpus": format_cpulist(housekeeping), "workload_cpus": format_cpulist(workload),
             "unassigned_cpus": format_cpulist(unassigned(online, housekeeping, workload))}
+
+
+# The kernel parameters of CPU isolation, as the isolcpus role manages them together.
+ISOLATION_KEYS = ("isolcpus", "nohz_full", "rcu_nocbs")
+ISOLCPUS_FLAGS = ("domain", "managed_irq", "nohz")
+
+
+def isolation_parameters(isolate, present):
+    """The kernel parameters that isolate ``isolate["cpus"]``, and the isolation keys to drop.
+
+    ``isolate`` is the kernel_cmdline module's ``isolate`` option: ``cpus``
+    (a CPU list), ``flags`` (isolcpus flags), ``nohz_full`` and ``rcu_nocbs``
+    (the same CPUs), ``allow_cpu0``. ``present`` is the node's present CPU list.
+    Returns ``(["isolcpus=<flags>,<cpus>", ...], [keys not asked for])``.
+
+    Raises :class:`PartitionError` for: no CPUs, a value that is not a CPU
+    list, a CPU the node does not have, every CPU (the kernel keeps no
+    housekeeping CPU: no CPU for unbound work), CPU 0 without ``allow_cpu0``
+    (the boot CPU keeps timekeeping duties; the kernel drops it from
+    nohz_full), and an unknown flag.
+    """
+    try:
+        have = set(parse_cpulist(present))
+    except CpuListError as exc:
+        raise PartitionError("present CPUs %r are not a CPU list: %s" % (present, exc), option="present", value=present,
+                             expected="the present CPUs, as devices/system/cpu/present lists them")
+    value = isolate.get("cpus")
+    if _blank(value):
+        raise PartitionError(
+            "isolate.cpus is empty: give the CPUs to isolate (the isolcpus role takes the NIC IRQ CPUs the "
+            "nic_irq_pinning role pinned earlier in the play)", option="isolate.cpus", value="",
+            expected="a CPU list such as 4-5")
+    cpus = _parse(value, "cpus", {"cpus": "isolate.cpus"})
+    have_text = format_cpulist(have)
+    missing = sorted(cpus - have)
+    if missing:
+        raise PartitionError(
+            "isolate.cpus %s names CPU%s %s, which this node does not have; its CPUs are %s"
+            % (format_cpulist(cpus), "s" if len(missing) > 1 else "", format_cpulist(missing), have_text),
+            option="isolate.cpus", value=format_cpulist(cpus), cpus=format_cpulist(missing), present=have_text,
+            expected="CPUs out of %s" % have_text)
+    if cpus >= have:
+        raise PartitionError(
+            "isolate.cpus %s is every CPU of this node: no housekeeping CPU would be left for the kernel's unbound "
+            "work and system services" % format_cpulist(cpus), option="isolate.cpus", value=format_cpulist(cpus),
+            present=have_text, expected="a CPU list that leaves at least one of %s" % have_text)
+    if 0 in cpus and not isolate.get("allow_cpu0"):
+        raise PartitionError(
+            "isolate.cpus %s includes CPU 0, the boot CPU, which keeps timekeeping and other housekeeping duties "
+            "(the kernel drops it from nohz_full); set allow_cpu0 where the platform allows it"
+            % format_cpulist(cpus), option="isolate.cpus", value=format_cpulist(cpus),
+            expected="CPUs other than 0, or allow_cpu0: true")
+    flags = list(isolate.get("flags") or [])
+    bad = [f for f in flags if f not in ISOLCPUS_FLAGS]
+    if bad or len(set(flags)) != len(flags):
+        raise PartitionError(
+            "isolate.flags %r: expected each of %s at most once" % (flags, ", ".join(ISOLCPUS_FLAGS)),
+            option="isolate.flags", value=flags, expected="a list out of %s" % ", ".join(ISOLCPUS_FLAGS))
+    text = format_cpulist(cpus)
+    params = ["isolcpus=" + ",".join(flags + [text])]
+    for key in ("nohz_full", "rcu_nocbs"):
+        if isolate.get(key):
+            params.append("%s=%s" % (key, text))
+    wanted = set(p.partition("=")[0] for p in params)
+    return params, [k for k in ISOLATION_KEYS if k not in wanted]

@@ -28,7 +28,12 @@ import os
 
 from ansible_collections.gpunode.tuning.plugins.module_utils import _kernel_cmdline_grub as grub
 from ansible_collections.gpunode.tuning.plugins.module_utils import _kernel_cmdline_grubby as grubby
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, read_raw
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_partition import (
+    ISOLATION_KEYS,
+    PartitionError,
+    isolation_parameters,
+)
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, read_raw, read_text
 from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import (
     MANAGED_BY,
     KernelCmdlineError,
@@ -52,7 +57,15 @@ TREE_COMMANDS = (grub.SH,)
 TOOL_DIRS = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")
 
 ARGUMENT_SPEC = dict(
-    parameters=dict(type="list", elements="str", required=True),
+    parameters=dict(type="list", elements="str"),
+    isolate=dict(type="dict", options=dict(
+        cpus=dict(type="str", required=True),
+        flags=dict(type="list", elements="str", default=["domain"]),
+        nohz_full=dict(type="bool", default=False),
+        rcu_nocbs=dict(type="bool", default=False),
+        allow_cpu0=dict(type="bool", default=False),
+    )),
+    sysfs_path=dict(type="path", default="/sys"),
     state=dict(type="str", choices=list(STATES), default="present"),
     bootloader=dict(type="str", choices=list(BOOTLOADERS), default="auto"),
     root=dict(type="path", default="/"),
@@ -60,6 +73,8 @@ ARGUMENT_SPEC = dict(
     state_dir=dict(type="path", default=STATE_DIR),
     dropin_name=dict(type="str", default=DROPIN),
 )
+MUTUALLY_EXCLUSIVE = [("parameters", "isolate")]
+REQUIRED_ONE_OF = [("parameters", "isolate")]
 
 
 # ------------------------------------------------------------------ read --
@@ -185,23 +200,48 @@ def reboot_readback(running, next_boot, keys):
 
 # ------------------------------------------------------------------ plan --
 
+def _isolation(params, state, previous):
+    """(wanted, dropped) for the ``isolate`` option: the isolation parameters from module_utils/_cpu_partition, checked
+    against the node's present CPUs; with state=absent, the isolation keys the marker has."""
+    had = set(param_key(t) for t in previous.get("parameters", []))
+    if state == "absent":
+        return parse_parameters([k for k in ISOLATION_KEYS if k in had] or ["isolcpus"], check_values=False), []
+    path = join(params.get("sysfs_path") or "/sys", "devices/system/cpu/present")
+    present = read_text(path)
+    if not present:
+        raise KernelCmdlineError("sysfs_path %s has no devices/system/cpu/present: expected a sysfs root"
+                                 % params.get("sysfs_path"), option="sysfs_path", value=params.get("sysfs_path"), path=path)
+    try:
+        values, drop = isolation_parameters(params["isolate"], present)
+    except PartitionError as exc:
+        raise KernelCmdlineError(str(exc), **exc.details)
+    return parse_parameters(values), parse_parameters([k for k in drop if k in had], check_values=False)
+
+
 def prepare(params, run, check, live, which, procfs="/proc"):
     """Check every input and plan the run; raises KernelCmdlineError before anything changes."""
     check_options(params)
     root, state = params["root"], params["state"]
     if state not in STATES:
         raise KernelCmdlineError("state %r: expected present or absent" % (state,), option="state", value=state)
-    wanted = parse_parameters(params["parameters"], check_values=(state == "present"))
+    if params.get("isolate") is None:
+        wanted = parse_parameters(params["parameters"], check_values=(state == "present"))
     running = read_running(procfs)
     bootloader = detect(params["bootloader"], root, which, live)
     marker = join(params["state_dir"], MARKER)
     previous = read_marker(root, marker)
+    dropped = []
+    if params.get("isolate") is not None:
+        wanted, dropped = _isolation(params, state, previous)
     if previous and previous["bootloader"] != bootloader:
         raise KernelCmdlineError(
             "marker %s records changes made with bootloader %s, this run uses %s: run state=absent with bootloader=%s "
             "first" % (marker, previous["bootloader"], bootloader, previous["bootloader"]), path=marker, value=bootloader)
     set_before = dict((param_key(t), t) for t in previous.get("parameters", []))
     managed, released = merge(previous.get("parameters", []), wanted, state)
+    if dropped:                    # isolation keys no longer asked for (nohz_full switched off): given back
+        managed, given_back = merge(list(managed.values()), dropped, "absent")
+        released += given_back
     warnings = []
     if state == "absent":
         for param in wanted:

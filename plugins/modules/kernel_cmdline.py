@@ -60,9 +60,44 @@ options:
       - The CPU lists of C(isolcpus), C(nohz_full), C(rcu_nocbs) and C(irqaffinity) are checked (C(2-3,8), the
         kernel's C(0-15:2/4) groups too; C(N) and C(all) are refused), as are the C(isolcpus) flags.
       - With O(state=absent) only the keys count.
+      - Exactly one of O(parameters) and O(isolate).
     type: list
     elements: str
-    required: true
+  isolate:
+    description:
+      - CPU isolation as one setting, what the C(gpunode.tuning.isolcpus) role passes - C(isolcpus=<flags>,<cpus>), and
+        C(nohz_full=) / C(rcu_nocbs=) with the same CPUs when asked. The CPUs are checked against the node's present
+        CPUs (O(sysfs_path)) - a CPU it does not have, every CPU (no housekeeping CPU left) and CPU 0 without
+        O(isolate.allow_cpu0) are refused - by the collection's CPU split code (module_utils/_cpu_partition).
+      - With O(state=present) an isolation key not asked for any more (C(nohz_full) after O(isolate.nohz_full=false))
+        is given back; with O(state=absent) every isolation key the module manages is.
+    type: dict
+    suboptions:
+      cpus:
+        description: The CPUs to isolate, a Linux CPU list (C(4-5)).
+        type: str
+        required: true
+      flags:
+        description: The C(isolcpus=) flags, out of C(domain), C(managed_irq) and C(nohz).
+        type: list
+        elements: str
+        default: [domain]
+      nohz_full:
+        description: Also C(nohz_full=) the same CPUs.
+        type: bool
+        default: false
+      rcu_nocbs:
+        description: Also C(rcu_nocbs=) the same CPUs.
+        type: bool
+        default: false
+      allow_cpu0:
+        description: Allow CPU 0 in O(isolate.cpus).
+        type: bool
+        default: false
+  sysfs_path:
+    description: Root of sysfs, where O(isolate) reads C(devices/system/cpu/present). Not under O(root).
+    type: path
+    default: /sys
   state:
     description: Whether the keys of O(parameters) are set (V(present)) or given back (V(absent)).
     type: str
@@ -216,6 +251,8 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import modu
 from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline import (
     ARGUMENT_SPEC,
     COMMANDS,
+    MUTUALLY_EXCLUSIVE,
+    REQUIRED_ONE_OF,
     TREE_COMMANDS,
     converge,
     tree_which,
@@ -224,7 +261,8 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_arg
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, mutually_exclusive=MUTUALLY_EXCLUSIVE,
+                           required_one_of=REQUIRED_ONE_OF, supports_check_mode=True)
     params = module.params
     live = os.path.realpath(params["root"]) == "/"
     which = module.get_bin_path if live else tree_which(params["root"])

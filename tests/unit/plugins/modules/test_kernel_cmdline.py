@@ -542,3 +542,74 @@ def test_grubby_that_does_not_do_what_was_planned_fails_naming_the_entry(grubby_
 def test_grubby_failing_fails_with_its_output(grubby_host):
     kind, result = grubby_host(reads(RHEL) + [(UPDATE, (1, "", "grubby: error: cannot write"))])
     assert kind is Fail and "cannot write" in result["msg"] and "failed (rc 1)" in result["msg"]
+
+
+# ---------------------------------------------------------------- isolate --
+# The isolcpus role's option: the parameters from module_utils/_cpu_partition, checked against the node's present
+# CPUs (a generated sysfs tree: only devices/system/cpu/present is read).
+
+def sysfs(tmp_path, present="0-7"):
+    cpu = tmp_path / "sys" / "devices" / "system" / "cpu"
+    cpu.mkdir(parents=True, exist_ok=True)
+    (cpu / "present").write_text(present + "\n")
+    return str(tmp_path / "sys")
+
+
+def run_isolate(root, proc, sys_path, check=False, state="present", **isolate):
+    args = dict(isolate=dict(dict(cpus="4-5"), **isolate), bootloader="grub_debian", root=root, procfs_path=proc,
+                sysfs_path=sys_path, state=state)
+    return modharness.run(kernel_cmdline, args, check=check)
+
+
+def test_isolate_builds_the_parameters_and_drops_a_key_no_longer_asked_for(tmp_path):
+    root, proc = make(tmp_path, "debian12")
+    sys_path = sysfs(tmp_path)
+    kind, result = run_isolate(root, proc, sys_path, nohz_full=True)
+    assert kind is Exit and result["changed"] is True, result
+    assert result["configured_after"] == ["isolcpus=domain,4-5", "nohz_full=4-5", "quiet"]
+    assert read(root, DROPIN) == dropin_text(["isolcpus=domain,4-5", "nohz_full=4-5"])
+    kind, again = run_isolate(root, proc, sys_path, nohz_full=True)
+    assert kind is Exit and again["changed"] is False, again
+    kind, fewer = run_isolate(root, proc, sys_path, flags=["domain", "managed_irq"])
+    assert kind is Exit and fewer["changed"] is True
+    assert fewer["configured_after"] == ["isolcpus=domain,managed_irq,4-5", "quiet"]
+    assert json.loads(read(root, MARKER))["parameters"] == ["isolcpus=domain,managed_irq,4-5"]
+    kind, gone = run_isolate(root, proc, sys_path, state="absent")
+    assert kind is Exit and gone["changed"] is True and gone["configured_after"] == ["quiet"], gone
+    assert not os.path.exists(os.path.join(root, DROPIN)) and not os.path.exists(os.path.join(root, MARKER))
+    assert read(root, "etc/default/grub") == (FIX / "debian12/etc/default/grub").read_text()
+
+
+@pytest.mark.parametrize("isolate, present, fragments", [
+    (dict(cpus=""), "0-7", ["isolate.cpus is empty"]),
+    (dict(cpus="4-9"), "0-7", ["CPUs 8-9", "does not have", "0-7"]),
+    (dict(cpus="1-7"), "1-7", ["every CPU", "no housekeeping CPU"]),
+    (dict(cpus="0-1"), "0-7", ["CPU 0", "allow_cpu0"]),
+    (dict(cpus="4-5", flags=["domain", "nohz_full"]), "0-7", ["isolate.flags", "managed_irq"]),
+    (dict(cpus="four"), "0-7", ["isolate.cpus 'four' is not a CPU list"]),
+], ids=["empty", "absent-cpus", "every-cpu", "cpu0", "bad-flag", "not-a-list"])
+def test_isolate_refuses_a_bad_set_names_it_and_writes_nothing(tmp_path, isolate, present, fragments):
+    root, proc = make(tmp_path, "debian12")
+    sys_path = sysfs(tmp_path, present)
+    before = snapshot(root)
+    for check in (True, False):
+        kind, result = run_isolate(root, proc, sys_path, check=check, **isolate)
+        assert kind is Fail, result
+        for fragment in fragments:
+            assert fragment in result["msg"], (fragment, result["msg"])
+    assert snapshot(root) == before
+
+
+def test_isolate_allows_cpu0_when_asked(tmp_path):
+    root, proc = make(tmp_path, "debian12")
+    kind, result = run_isolate(root, proc, sysfs(tmp_path), check=True, cpus="0-1", allow_cpu0=True)
+    assert kind is Exit and result["configured_after"][0] == "isolcpus=domain,0-1", result
+
+
+def test_parameters_and_isolate_are_one_or_the_other(tmp_path):
+    root, proc = make(tmp_path, "debian12")
+    kind, result = modharness.run(kernel_cmdline, dict(parameters=ISOL, isolate=dict(cpus="4-5"), root=root,
+                                                       procfs_path=proc, bootloader="grub_debian"))
+    assert kind is Fail and "mutually exclusive" in result["msg"], result
+    kind, result = modharness.run(kernel_cmdline, dict(root=root, procfs_path=proc, bootloader="grub_debian"))
+    assert kind is Fail and "one of the following is required" in result["msg"], result

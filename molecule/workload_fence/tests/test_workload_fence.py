@@ -1,0 +1,136 @@
+"""The workload fences on a real kernel: isolcpus= through the guest's own GRUB, and systemd cpusets.
+
+One gpu-node guest booted through GRUB (its /boot/grub/grub.cfg, written by its
+own update-grub, decides the command line). Runs after converge, idempotence
+and the no-change check; the tests run in file order and build on each other:
+
+  1  converged, before any reboot: the running cgroups already confine
+     system.slice, user.slice and init.scope to the housekeeping CPUs (the NIC's
+     IRQ CPUs plus CPU 0), sshd runs there, a unit in the workload slice runs
+     only on the other CPUs; the next boot's grub.cfg has isolcpus=, the running
+     kernel not yet, and the role says a reboot is required
+  2  a real reboot through GRUB: /proc/cmdline is the old one plus exactly the
+     new parameter, the kernel's own isolated list is the IRQ CPUs, the cgroups
+     are as before, the IRQs are pinned again; converge changes nothing, check
+     mode reports nothing, and no reboot is required any more
+  3  state=absent and a second reboot: the drop-ins and the workload slice are
+     gone, the cgroups span every CPU again, and /proc/cmdline is the one the
+     guest first booted with, token for token
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
+from labtest import EPHEMERAL, GPU, playbook, probe, queue_cpus, reboot, report, ssh  # noqa: E402
+
+NAME = GPU["name"]
+ALL = set(range(8))
+DROPIN = "/etc/default/grub.d/99-gpunode-tuning.cfg"
+SLICE = "gpunode-workload.slice"
+UNITS = ("system.slice", "user.slice", "init.scope")
+STATE = {}          # facts the later tests need from the earlier ones
+
+
+def cpus(text):
+    out = set()
+    for part in (text or "").strip().split(","):
+        if part:
+            low, high = (part.split("-") + [part])[:2]
+            out |= set(range(int(low), int(high) + 1))
+    return out
+
+
+def fences(tag):
+    return json.loads((EPHEMERAL / ("fences-%s-%s.json" % (NAME, tag))).read_text())
+
+
+def live():
+    """The guest's own view: cgroup cpusets, sshd's and a workload-slice unit's allowed CPUs, isolcpus, cmdline."""
+    script = r"""
+import json, subprocess
+def rd(p):
+    try:
+        return open(p).read().strip()
+    except OSError:
+        return None
+def allowed(pid):
+    for line in open("/proc/%s/status" % pid):
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split()[1]
+sshd = subprocess.run(["systemctl", "show", "-P", "MainPID", "ssh.service"], capture_output=True, text=True).stdout.strip()
+unit = subprocess.run(["systemd-run", "--slice=SLICE", "--wait", "--pipe", "--quiet", "grep", "Cpus_allowed_list",
+                       "/proc/self/status"], capture_output=True, text=True)
+print(json.dumps({
+    "cgroups": {u: {"cpus": rd("/sys/fs/cgroup/" + u + "/cpuset.cpus"),
+                    "effective": rd("/sys/fs/cgroup/" + u + "/cpuset.cpus.effective")} for u in UNITS},
+    "sshd": allowed(sshd), "workload_unit": unit.stdout.split()[-1] if unit.returncode == 0 else unit.stderr,
+    "isolated": rd("/sys/devices/system/cpu/isolated"), "cmdline": rd("/proc/cmdline"),
+    "boot_id": rd("/proc/sys/kernel/random/boot_id")}))
+""".replace("SLICE", SLICE).replace("UNITS", repr(UNITS))
+    return json.loads(ssh(NAME, "python3 -c '%s'" % script.replace("'", "'\"'\"'")).stdout)
+
+
+def assert_confined(state, housekeeping):
+    for unit in UNITS:
+        assert cpus(state["cgroups"][unit]["effective"]) == housekeeping, (unit, state["cgroups"])
+    assert cpus(state["sshd"]) == housekeeping, state
+    assert cpus(state["workload_unit"]) == ALL - housekeeping, state
+
+
+def test_converged_cgroups_are_live_and_the_next_boot_has_isolcpus():
+    irq = cpus(report(NAME, "run")["cpus"])
+    assert len(irq) == 2 and irq <= GPU["cpus"], irq
+    housekeeping = irq | {0}
+    run = fences("run")
+    assert cpus(run["housekeeping_cpus"]) == housekeeping and cpus(run["workload_cpus"]) == ALL - housekeeping, run
+    state = live()
+    assert_confined(state, housekeeping)
+    param = "isolcpus=domain," + report(NAME, "run")["cpus"]
+    assert run["isolcpus"]["reboot_required"] is True and run["isolcpus_reboot_required"] is True, run["isolcpus"]
+    assert param in run["isolcpus"]["next_boot_cmdline"], run["isolcpus"]
+    assert param not in state["cmdline"].split() and not state["isolated"], state
+    grub_cfg = ssh(NAME, "grep -c -- ' %s' /boot/grub/grub.cfg; grep -c isolcpus /etc/default/grub || true" % param).stdout
+    assert int(grub_cfg.split()[0]) >= 1 and grub_cfg.split()[1] == "0", grub_cfg
+    STATE.update(irq=irq, housekeeping=housekeeping, param=param, first_cmdline=state["cmdline"],
+                 boot_id=state["boot_id"])
+
+
+def test_reboot_through_grub_isolates_the_irq_cpus_and_keeps_the_cpusets():
+    seconds = reboot(GPU, STATE["boot_id"])
+    print("\nreboot through GRUB: SSH back after %.0f s" % seconds)
+    state = live()
+    assert state["cmdline"].split() == STATE["first_cmdline"].split() + [STATE["param"]], state["cmdline"]
+    assert cpus(state["isolated"]) == STATE["irq"], state
+    assert_confined(state, STATE["housekeeping"])
+    pins = {next(iter(v)) for v in queue_cpus(probe(GPU)).values()}
+    assert cpus(",".join(pins)) == STATE["irq"], pins
+    res, recap = playbook(tag="after-reboot")
+    assert res.returncode == 0 and recap == {NAME: 0}, res.stdout[-3000:]
+    assert fences("after-reboot")["isolcpus_reboot_required"] is False
+    res, recap = playbook(check=True, tag="after-reboot-check")
+    assert res.returncode == 0 and recap == {NAME: 0}, res.stdout[-3000:]
+    STATE["boot_id"] = state["boot_id"]
+
+
+def test_absent_and_a_reboot_bring_back_the_first_command_line():
+    res, recap = playbook("--extra-vars", "isolcpus_state=absent cpusets_state=absent", tag="absent")
+    assert res.returncode == 0 and recap[NAME] > 0, res.stdout[-3000:]
+    gone = ssh(NAME, "ls -d %s /etc/systemd/system/%s /etc/systemd/system/*.slice.d/50-gpunode-cpuset.conf "
+                     "/etc/systemd/system/init.scope.d/50-gpunode-cpuset.conf 2>/dev/null | wc -l" % (DROPIN, SLICE))
+    assert gone.stdout.strip() == "0", gone.stdout
+    assert fences("absent")["isolcpus_reboot_required"] is True
+    state = live()
+    for unit in UNITS:                  # systemd turns the cpuset controller off where no unit needs it: no file then
+        effective = state["cgroups"][unit]["effective"]
+        assert effective is None or cpus(effective) == ALL, state["cgroups"]
+    assert cpus(state["sshd"]) == ALL and cpus(state["workload_unit"]) == ALL, state
+    reboot(GPU, STATE["boot_id"])
+    state = live()
+    assert state["cmdline"].split() == STATE["first_cmdline"].split(), state["cmdline"]
+    assert not state["isolated"], state
+    res, recap = playbook("--extra-vars", "isolcpus_state=absent cpusets_state=absent", check=True, tag="absent-check")
+    assert res.returncode == 0 and recap == {NAME: 0}, res.stdout[-3000:]
