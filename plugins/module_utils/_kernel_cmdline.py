@@ -50,7 +50,7 @@ STATES = ("present", "absent")
 BOOTLOADERS = ("auto", "grub_debian", "grubby")
 MARKER = "kernel-cmdline.json"
 STATE_DIR = "/var/lib/gpunode-tuning"
-DROPIN = "99-gpunode-tuning.cfg"
+DROPIN = "zz-gpunode-tuning.cfg"
 # Every command the module may run; update-grub, grub-mkconfig and grubby only on the live system.
 COMMANDS = (grub.SH, "update-grub", "grub-mkconfig", grubby.GRUBBY)
 TREE_COMMANDS = (grub.SH,)

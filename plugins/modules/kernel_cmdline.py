@@ -129,9 +129,14 @@ options:
     type: path
     default: /var/lib/gpunode-tuning
   dropin_name:
-    description: The drop-in's file name under C(/etc/default/grub.d); must end in C(.cfg) (grub-mkconfig sources only those).
+    description:
+      - The drop-in's file name under C(/etc/default/grub.d); must end in C(.cfg) (grub-mkconfig sources only those).
+      - It must sort after every drop-in that sets GRUB_CMDLINE_LINUX outright. grub-mkconfig sources them in the C
+        locale's glob order, where digits come before letters - Debian and Ubuntu ship unnumbered ones such as
+        C(init-select.cfg) - so the default starts with C(zz-) (a C(99-) name, tried first, came before the lab
+        image's C(gpunode-lab.cfg) and was refused).
     type: str
-    default: 99-gpunode-tuning.cfg
+    default: zz-gpunode-tuning.cfg
 notes:
   - Commands run through the module - C(/bin/sh) (C(sh -n) and the evaluation of the GRUB files), C(update-grub) or
     C(grub-mkconfig), and C(grubby) - and only the first on a tree.
@@ -231,7 +236,7 @@ files:
   returned: success
   type: list
   elements: dict
-  sample: [{"path": "/etc/default/grub.d/99-gpunode-tuning.cfg", "action": "create", "reason": "missing"}]
+  sample: [{"path": "/etc/default/grub.d/zz-gpunode-tuning.cfg", "action": "create", "reason": "missing"}]
 marker:
   description: The marker's path.
   returned: success

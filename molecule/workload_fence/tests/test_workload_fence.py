@@ -29,7 +29,7 @@ from labtest import EPHEMERAL, GPU, playbook, probe, queue_cpus, reboot, report,
 
 NAME = GPU["name"]
 ALL = set(range(8))
-DROPIN = "/etc/default/grub.d/99-gpunode-tuning.cfg"
+DROPIN = "/etc/default/grub.d/zz-gpunode-tuning.cfg"
 SLICE = "gpunode-workload.slice"
 UNITS = ("system.slice", "user.slice", "init.scope")
 STATE = {}          # facts the later tests need from the earlier ones

@@ -207,7 +207,7 @@ def test_evaluation_keeps_positional_parameters_and_output_of_the_files_out(tmp_
 def plan(root, managed, previous=(), warnings=None):
     import collections
     return G.plan(root, sh_run, collections.OrderedDict((param_key(t), t) for t in managed), list(previous),
-                  "99-gpunode-tuning.cfg", "/var/lib/gpunode-tuning/kernel-cmdline.json",
+                  "zz-gpunode-tuning.cfg", "/var/lib/gpunode-tuning/kernel-cmdline.json",
                   warnings if warnings is not None else [])
 
 
@@ -267,7 +267,7 @@ def test_plan_fails_when_a_later_file_drops_the_drop_ins_line(tmp_path):
 def test_plan_with_nothing_managed_removes_the_drop_in(tmp_path):
     root = tree(tmp_path, "debian12")
     decided = plan(root, [])
-    assert decided["files"] == {} and decided["remove"] == ["/etc/default/grub.d/99-gpunode-tuning.cfg"]
+    assert decided["files"] == {} and decided["remove"] == ["/etc/default/grub.d/zz-gpunode-tuning.cfg"]
     assert decided["before"] == decided["after"] == ["quiet"]
 
 
@@ -456,11 +456,11 @@ def test_reboot_required_computed_from_the_configured_line(running, configured, 
 
 
 def test_a_broken_drop_in_of_this_module_is_rewritten_with_a_warning(tmp_path):
-    root = tree(tmp_path, "debian12", files={"etc/default/grub.d/99-gpunode-tuning.cfg": 'GRUB_CMDLINE_LINUX="\n'})
+    root = tree(tmp_path, "debian12", files={"etc/default/grub.d/zz-gpunode-tuning.cfg": 'GRUB_CMDLINE_LINUX="\n'})
     warnings = []
     decided = plan(root, ["isolcpus=2-3"], warnings=warnings)
     assert decided["before"] == ["quiet"] and "does not evaluate" in warnings[0]
-    assert decided["files"]["/etc/default/grub.d/99-gpunode-tuning.cfg"].endswith('"$GRUB_CMDLINE_LINUX isolcpus=2-3"\n')
+    assert decided["files"]["/etc/default/grub.d/zz-gpunode-tuning.cfg"].endswith('"$GRUB_CMDLINE_LINUX isolcpus=2-3"\n')
 
 
 def test_a_line_that_is_not_utf8_is_not_edited(tmp_path):

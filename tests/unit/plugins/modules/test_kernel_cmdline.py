@@ -27,7 +27,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_arg
 from ansible_collections.gpunode.tuning.plugins.modules import kernel_cmdline
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "kernel_cmdline"
-DROPIN = "etc/default/grub.d/99-gpunode-tuning.cfg"
+DROPIN = "etc/default/grub.d/zz-gpunode-tuning.cfg"
 MARKER = "var/lib/gpunode-tuning/kernel-cmdline.json"
 RUNNING = "BOOT_IMAGE=/vmlinuz-6.1.0-18-amd64 root=/dev/vda1 ro quiet\n"
 ISOL = ["isolcpus=domain,managed_irq,2-3", "nohz_full=2-3"]
@@ -101,7 +101,7 @@ def test_check_mode_gives_the_exact_plan_and_writes_nothing(tmp_path):
     kind, result = run(root, proc, check=True, diff=True)
     assert kind is Exit and result["changed"] is True, result
     assert result["files"] == [
-        {"path": "/etc/default/grub.d/99-gpunode-tuning.cfg", "action": "create", "reason": "missing"},
+        {"path": "/etc/default/grub.d/zz-gpunode-tuning.cfg", "action": "create", "reason": "missing"},
         {"path": "/var/lib/gpunode-tuning/kernel-cmdline.json", "action": "create", "reason": "missing"}]
     assert (result["bootloader"], result["configured_before"], result["configured_after"]) == ("grub_debian", ["quiet"], ISOL + ["quiet"])
     assert result["running"] == RUNNING.split() and result["reboot_required"] is True
@@ -297,7 +297,7 @@ def test_bad_roots_fail_naming_them(tmp_path, args, fragments):
 
 def params(root, **extra):
     return dict(dict(parameters=ISOL, state="present", bootloader="grub_debian", root=root,
-                     state_dir="/var/lib/gpunode-tuning", dropin_name="99-gpunode-tuning.cfg"), **extra)
+                     state_dir="/var/lib/gpunode-tuning", dropin_name="zz-gpunode-tuning.cfg"), **extra)
 
 
 def test_a_failed_write_rolls_back_every_file(tmp_path):
@@ -613,3 +613,15 @@ def test_parameters_and_isolate_are_one_or_the_other(tmp_path):
     assert kind is Fail and "mutually exclusive" in result["msg"], result
     kind, result = modharness.run(kernel_cmdline, dict(root=root, procfs_path=proc, bootloader="grub_debian"))
     assert kind is Fail and "one of the following is required" in result["msg"], result
+
+
+def test_the_default_drop_in_sorts_after_unnumbered_drop_ins_and_99_does_not(tmp_path):
+    """Found in the lab: the Debian guest's own grub.d/gpunode-lab.cfg sets GRUB_CMDLINE_LINUX outright and sorts
+    after a 99- name (C locale: digits before letters). The default name comes after it; 99- is refused, unchanged."""
+    later = {"etc/default/grub.d/gpunode-lab.cfg": 'GRUB_CMDLINE_LINUX="console=ttyS0 mitigations=off"\n'}
+    root, proc = make(tmp_path, "debian12", files=later)
+    before = snapshot(root)
+    kind, result = run(root, proc, dropin_name="99-gpunode-tuning.cfg")
+    assert kind is Fail and "gpunode-lab.cfg" in result["msg"] and snapshot(root) == before, result
+    kind, result = run(root, proc)
+    assert kind is Exit and result["configured_after"][:4] == ["console=ttyS0", "mitigations=off"] + ISOL, result
