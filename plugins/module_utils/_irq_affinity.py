@@ -161,9 +161,15 @@ def _node_distance(topology, nic, cpu):
     return row[index] if 0 <= index < len(row) else 0
 
 
+def _irq_free(topology):
+    """CPUs no IRQ is planned on: nohz_full, and the isolated CPUs where isolcpus= has managed_irq
+    (``irq_isolated`` from _topology). Scheduler-only isolation (isolcpus=domain) keeps a CPU an IRQ candidate."""
+    return set(topology.get("irq_isolated") or []) | set(topology.get("nohz_full") or [])
+
+
 def _pick_cpus(nic, topology, count, exclude, numa_local, whole_cores, warnings):
     online = set(topology["online"])
-    avoid = set(topology.get("isolated") or []) | set(topology.get("nohz_full") or [])
+    avoid = _irq_free(topology)
     local = _local_cpus(nic, topology) if numa_local else None
     if numa_local and local is None:
         warnings.append("the NIC gives no NUMA locality; CPUs were chosen without it")
@@ -186,7 +192,8 @@ def _pick_cpus(nic, topology, count, exclude, numa_local, whole_cores, warnings)
         chosen.extend(unit)
     if len(chosen) < count:
         raise AffinityError(
-            "count %d: only %d CPUs are available for IRQs (online, not in exclude_cpus, not isolated/nohz_full%s)"
+            "count %d: only %d CPUs are available for IRQs (online, not in exclude_cpus, not nohz_full or isolated "
+            "with managed_irq%s)"
             % (count, len(chosen), ", whole cores" if whole_cores else ""),
             option="count", value=count, expected="at most %d" % len(chosen), available=format_cpulist(chosen),
         )
@@ -230,9 +237,10 @@ def _validate_explicit(cpus, topology, exclude, nic, warnings):
             split.append(format_cpulist(group))
     if split:
         warnings.append("cpus split SMT sibling groups %s: their other threads can run workload next to the IRQs" % ", ".join(split))
-    special = chosen & (set(topology.get("isolated") or []) | set(topology.get("nohz_full") or []))
+    special = chosen & _irq_free(topology)
     if special:
-        warnings.append("CPUs %s are isolated or nohz_full: IRQs there disturb the isolated work" % format_cpulist(sorted(special)))
+        warnings.append("CPUs %s are nohz_full or isolated with managed_irq: IRQs there disturb the isolated work"
+                        % format_cpulist(sorted(special)))
 
 
 def _cpus_text(cpus):

@@ -87,6 +87,7 @@ def read_topology(sysfs="/sys", procfs="/proc"):
         "numa_distances": distances,
         "cpu_node": cpu_node,
         "isolated": read_cpulist(join(cpu_dir, "isolated"), default=[]),
+        "irq_isolated": irq_isolated(procfs, read_cpulist(join(cpu_dir, "isolated"), default=[])),
         "nohz_full": read_cpulist(join(cpu_dir, "nohz_full"), default=[]),
         "default_smp_affinity": default_smp_affinity,
         "notes": notes,
@@ -100,3 +101,19 @@ def sibling_map(topology):
         for cpu in group:
             result[cpu] = group
     return result
+
+
+def irq_isolated(procfs, isolated):
+    """The isolated CPUs the kernel was told to keep IRQs off: ``isolated`` when the running command line's last
+    ``isolcpus=`` has the ``managed_irq`` flag, else none.
+
+    ``isolcpus=domain,...`` alone isolates CPUs from the scheduler only, which
+    is how seed 000 keeps the workload off the NIC's IRQ CPUs; those stay IRQ
+    candidates, so a pin planned before such a boot is planned the same after it.
+    """
+    text = read_text(join(procfs, "cmdline"), default="") or ""
+    flags = []
+    for token in text.split():
+        if token.startswith("isolcpus="):
+            flags = [part for part in token[len("isolcpus="):].split(",") if part.isalpha() or "_" in part]
+    return list(isolated) if "managed_irq" in flags else []

@@ -17,7 +17,9 @@ description:
     target CPU.
   - "Target CPUs: either O(cpus), or a policy: O(count) CPUs (default: one per queue), NUMA-local to the NIC
     first (then the nearest nodes), whole SMT sibling groups (O(whole_cores)), never a CPU in O(exclude_cpus),
-    never an isolated or nohz_full CPU, highest-numbered cores first."
+    never a nohz_full CPU or one isolated with C(isolcpus=managed_irq,...) (scheduler-only isolation,
+    C(isolcpus=domain,...), keeps a CPU a candidate: that is how the isolcpus role fences the IRQ CPUs),
+    highest-numbered cores first."
   - "Assignment: queues in queue order take the target CPUs ordered NUMA-local first, then the first thread of
     each core, then the second threads, so queues spread over physical cores before sharing one. All IRQs of one
     queue (virtio C(input.K) and C(output.K), separate rx/tx vectors) go to the same CPU. With more queues than
@@ -56,7 +58,7 @@ options:
     description:
       - Explicit target CPUs, a CPU list string (C(160-170)) or a list of integers.
       - Every CPU must exist, be online and not be in O(exclude_cpus). A NUMA-remote CPU, a split SMT sibling
-        group or an isolated CPU only warns.
+        group or a nohz_full or managed_irq-isolated CPU only warns.
       - Mutually exclusive with O(count).
     type: raw
   count:

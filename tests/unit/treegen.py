@@ -24,6 +24,7 @@ before building. Keys (all optional except ``cpus``):
 ``numa``            dict node -> CPU list; default: none (kernel without NUMA)
 ``numa_distance``   function (node, node) -> distance for ``nodeN/distance`` (default 10 local, 20 remote)
 ``isolated``, ``nohz_full``   CPU lists for ``devices/system/cpu/``
+``cmdline``         text of ``/proc/cmdline`` (default: none, no file)
 ``default_smp_affinity``      CPU list (default: all CPUs)
 ``nics``            list of NIC dicts (below)
 ``virtual``         list of ``{"name", "lower": [...], "addresses": [...]}`` virtual interfaces
@@ -441,6 +442,8 @@ def build_tree(root, spec):
     _write(os.path.join(cpu_dir, "possible"), cpulist(allcpus) + "\n")
     _write(os.path.join(cpu_dir, "isolated"), cpulist(spec.get("isolated", [])) + "\n")
     _write(os.path.join(cpu_dir, "nohz_full"), cpulist(spec.get("nohz_full", [])) + "\n")
+    if spec.get("cmdline") is not None:
+        _write(os.path.join(tree.proc, "cmdline"), spec["cmdline"] + "\n")
     siblings = spec.get("siblings") or [[c] for c in allcpus]
     group_of = {}
     for group in siblings:

@@ -149,13 +149,31 @@ def test_no_queue_irqs_is_an_error(tmp_path):
     assert exc.value.details["value"] == ["virtio2-config"]
 
 
-def test_isolated_cpus_are_avoided_by_policy_and_warned_when_explicit(tmp_path):
+@pytest.mark.parametrize("cmdline", ["root=/dev/vda isolcpus=managed_irq,domain,6-7", "root=/dev/vda isolcpus=6-7"])
+def test_cpus_isolated_with_managed_irq_or_nohz_full_are_avoided_by_policy_and_warned_when_explicit(tmp_path, cmdline):
     spec = treegen.lab_virtio()
     spec["isolated"] = [6, 7]
+    if "managed_irq" not in cmdline:
+        spec["nohz_full"] = [6, 7]
+    spec["cmdline"] = cmdline
     tree = treegen.build_tree(tmp_path, spec)
     nic, topo = state(tree, interface="enp66s1")
     assert plan_affinity(nic, topo, count=2).cpus == [4, 5]
-    assert any("isolated or nohz_full" in w for w in plan_affinity(nic, topo, cpus="6-7").warnings)
+    assert any("nohz_full or isolated with managed_irq" in w for w in plan_affinity(nic, topo, cpus="6-7").warnings)
+
+
+def test_cpus_isolated_from_the_scheduler_only_stay_irq_candidates(tmp_path):
+    """Seed 000's isolcpus recipe isolates the IRQ CPUs themselves (isolcpus=domain): the policy's plan before that
+    boot (6-7, the highest local core) must be its plan after it, or the boot-time re-plan moves the pins (the lab's
+    workload_fence scenario found it)."""
+    spec = treegen.lab_virtio()
+    tree = treegen.build_tree(tmp_path / "before", spec)
+    before = plan_affinity(*state(tree, interface="enp66s1"), count=2)
+    spec.update(isolated=[6, 7], cmdline="BOOT_IMAGE=/boot/vmlinuz root=UUID=x ro isolcpus=domain,6-7")
+    tree = treegen.build_tree(tmp_path / "after", spec)
+    after = plan_affinity(*state(tree, interface="enp66s1"), count=2)
+    assert before.cpus == after.cpus == [6, 7]
+    assert not any("isolated" in w for w in after.warnings)
 
 
 def test_diff_is_a_readable_table(seed):
