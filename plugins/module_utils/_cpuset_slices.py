@@ -45,7 +45,7 @@ import time
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_partition import PartitionError, as_cpulists, split
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, format_cpulist, parse_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, list_dir, read_cpulist, read_raw, read_text
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import is_live_root, join, list_dir, read_cpulist, read_raw, read_text
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
     UNIT_DIR, PersistError, apply_files, plan_files, rooted, systemctl_show)
 
@@ -629,7 +629,7 @@ def roots_problem(root, sysfs):
 
 def is_live(root):
     """Whether ``root`` is this host's / (then systemctl runs)."""
-    return os.path.realpath(root or "/") == "/"
+    return is_live_root(root)
 
 
 def converge(params, run, check, sleep=time.sleep):

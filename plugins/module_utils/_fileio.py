@@ -120,6 +120,21 @@ def module_runner(module, commands=ALLOWED_COMMANDS):
     return run
 
 
+def exit_with(module, result, diff, warnings=()):
+    """The end of every module's main(): each warning through ``module.warn``, the diff only in --diff mode, then
+    ``exit_json``. Duck-typed: no Ansible import here."""
+    for warning in warnings:
+        module.warn(warning)
+    if module._diff:  # pylint: disable=protected-access
+        result["diff"] = diff
+    module.exit_json(**result)
+
+
+def is_live_root(root):
+    """Whether ``root`` (a module's ``root`` option) is this host's / - then commands that change the host may run."""
+    return os.path.realpath(root or "/") == "/"
+
+
 def runner_for_roots(module, procfs, sysfs, commands=ALLOWED_COMMANDS):
     """``module_runner`` when the roots are this host's ``/proc`` and ``/sys``, else None.
 

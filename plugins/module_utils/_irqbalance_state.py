@@ -30,7 +30,8 @@ import re
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import UNIT, IrqbalanceError, plan_ban, read_irqbalance
-from ansible_collections.gpunode.tuning.plugins.module_utils._persist import PersistError, apply_files, plan_files, rooted, systemctl_show
+from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (PersistError, apply_files, marker_bytes, plan_files, rooted,
+                                                                          systemctl_show)
 
 MANAGED_BY = "gpunode.tuning.irqbalance"
 MODES = ("disabled", "banned", "absent")
@@ -82,7 +83,7 @@ def policy_script(devices, managed="Ansible managed"):
 
 def marker(data):
     """A marker file as the role's copy tasks wrote it (``to_nice_json`` plus a newline)."""
-    return (json.dumps(data, indent=4, sort_keys=True, separators=(",", ": "), ensure_ascii=False) + "\n").encode("utf-8")
+    return marker_bytes(data)
 
 
 # ------------------------------------------------------ config lines (lineinfile) --

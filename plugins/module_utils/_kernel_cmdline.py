@@ -44,7 +44,8 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_arg
     parse_parameters,
     split_cmdline,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._persist import PersistError, apply_files, plan_files, rooted
+from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (PersistError, apply_files, marker_bytes, plan_files,
+                                                                          rooted)
 
 STATES = ("present", "absent")
 BOOTLOADERS = ("auto", "grub_debian", "grubby")
@@ -160,10 +161,6 @@ def read_marker(root, path):
     except KernelCmdlineError as exc:
         raise KernelCmdlineError("marker %s: %s: fix or remove it" % (path, exc), path=path, value=parsed["parameters"])
     return parsed
-
-
-def marker_bytes(data):
-    return (json.dumps(data, indent=4, sort_keys=True, separators=(",", ": "), ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def _mode(root, path, default=0o644):

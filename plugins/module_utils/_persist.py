@@ -65,6 +65,12 @@ class PersistError(Exception):
         self.details = details
 
 
+def marker_bytes(data):
+    """A marker or state file's bytes as Ansible's ``to_nice_json`` writes them, plus a newline (the irqbalance
+    role's copy tasks wrote its markers so; kernel_cmdline's marker has the same form)."""
+    return (json.dumps(data, indent=4, sort_keys=True, separators=(",", ": "), ensure_ascii=False) + "\n").encode("utf-8")
+
+
 def rooted(root, path):
     return os.path.join(root, path.lstrip("/"))
 

@@ -244,7 +244,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpuset_slices import (
     ARGUMENT_SPEC, MUTUALLY_EXCLUSIVE, SliceError, converge, is_live, roots_problem)
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import exit_with, module_runner
 
 
 def main():
@@ -258,11 +258,7 @@ def main():
         result, diff = converge(params, run, module.check_mode)
     except SliceError as exc:
         module.fail_json(msg=str(exc), changed=False, **exc.details)
-    for warning in result.pop("warnings"):
-        module.warn(warning)
-    if module._diff:
-        result["diff"] = diff
-    module.exit_json(**result)
+    exit_with(module, result, diff, result.pop("warnings"))
 
 
 if __name__ == "__main__":

@@ -188,7 +188,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import missing_cpu_root, roots_mixed, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import exit_with, missing_cpu_root, roots_mixed, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state import SETTINGS_SPEC, StateError, converge, os_family
 
@@ -218,9 +218,7 @@ def main():
                                 detect=(lambda: os_family(module)) if run is not None else None)
     except StateError as exc:
         module.fail_json(msg=str(exc), changed=False, **exc.details)
-    if module._diff:
-        result["diff"] = diff
-    module.exit_json(**result)
+    exit_with(module, result, diff)
 
 
 if __name__ == "__main__":

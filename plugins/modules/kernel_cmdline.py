@@ -248,11 +248,10 @@ msg:
   type: str
 """
 
-import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import exit_with, is_live_root, module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline import (
     ARGUMENT_SPEC,
     COMMANDS,
@@ -269,18 +268,14 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, mutually_exclusive=MUTUALLY_EXCLUSIVE,
                            required_one_of=REQUIRED_ONE_OF, supports_check_mode=True)
     params = module.params
-    live = os.path.realpath(params["root"]) == "/"
+    live = is_live_root(params["root"])
     which = module.get_bin_path if live else tree_which(params["root"])
     run = module_runner(module, commands=COMMANDS if live else TREE_COMMANDS)
     try:
         result, diff = converge(params, run, module.check_mode, live, which, procfs=params["procfs_path"])
     except KernelCmdlineError as exc:
         module.fail_json(msg=str(exc), changed=False, **exc.details)
-    for warning in result.pop("warnings"):
-        module.warn(warning)
-    if module._diff:
-        result["diff"] = diff
-    module.exit_json(**result)
+    exit_with(module, result, diff, result.pop("warnings"))
 
 
 if __name__ == "__main__":

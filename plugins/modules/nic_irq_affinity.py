@@ -213,7 +213,7 @@ irqbalance:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, exit_with, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
     DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, run_desired_state)
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
@@ -235,12 +235,8 @@ def main():
                                    run=runner_for_roots(module, procfs, sysfs))
     except (AffinityError, NicError, TreeError) as exc:
         module.fail_json(msg=str(exc), changed=False, **exc.details)
-    for warning in result.pop("warnings"):
-        module.warn(warning)
-    diff = result.pop("diff")
-    if module._diff:
-        result["diff"] = diff
-    module.exit_json(**result)
+    warnings = result.pop("warnings")
+    exit_with(module, result, result.pop("diff"), warnings)
 
 
 if __name__ == "__main__":

@@ -253,7 +253,7 @@ import re
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, exit_with, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
     DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, root_of, run_desired_state, stored_desired_state, verify_pins)
 # Imported so that AnsiballZ ships the entry point's whole import closure, which is installed from this payload.
@@ -489,11 +489,7 @@ def main():
         details = dict(exc.details)
         details.setdefault("changed", False)
         module.fail_json(msg=str(exc), **details)
-    for warning in warnings:
-        module.warn(warning)
-    if module._diff:
-        out["diff"] = diff
-    module.exit_json(**out)
+    exit_with(module, out, diff, warnings)
 
 
 if __name__ == "__main__":
