@@ -30,8 +30,14 @@ import re
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import UNIT, IrqbalanceError, plan_ban, read_irqbalance
-from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (PersistError, apply_files, marker_bytes, plan_files, rooted,
-                                                                          systemctl_show)
+from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
+    PersistError,
+    apply_files,
+    marker_bytes,
+    plan_files,
+    rooted,
+    systemctl_show,
+)
 
 MANAGED_BY = "gpunode.tuning.irqbalance"
 MODES = ("disabled", "banned", "absent")

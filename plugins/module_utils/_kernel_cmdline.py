@@ -44,8 +44,13 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_arg
     parse_parameters,
     split_cmdline,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (PersistError, apply_files, marker_bytes, plan_files,
-                                                                          rooted)
+from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
+    PersistError,
+    apply_files,
+    marker_bytes,
+    plan_files,
+    rooted,
+)
 
 STATES = ("present", "absent")
 BOOTLOADERS = ("auto", "grub_debian", "grubby")
