@@ -33,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
 from labtest import (ENTRY, GPU, LIB, MASK_MARKER, RECHECK, RULE, STATE, TIMER, UNIT,  # noqa: E402
-                     assert_fresh_plan_was_applied, assert_gpu_layout, host, in_new_boot, pinned_as_planned,
-                     planned, playbook, probe, queue_cpus, report, ssh, start_reboot, wait_until)
+                     assert_fresh_plan_was_applied, assert_gpu_layout, host, pinned_as_planned,
+                     planned, playbook, probe, queue_cpus, reboot_all, report, ssh, wait_until)
 
 OPEN = {"name": "open-nic", "iface": "ens8", "pci": "0000:00:08.0", "queues": 4}
 HOOK = "/etc/network/if-up.d/gpunode-nic-irq-pin"
@@ -126,14 +126,7 @@ def test_reboot_restores_the_pins_from_the_boot_unit_and_the_if_up_hook():
         # Only the boot-time paths may restore the pins: no re-check timer in the next boot.
         ssh(node["name"], "systemctl disable --now gpunode-nic-irq-affinity.timer")
         boot_ids[node["name"]] = probe(node)["boot_id"]
-    for node in (GPU, OPEN):                      # both guests reboot at once
-        start_reboot(node)
-    start = time.monotonic()
-
-    for node in (GPU, OPEN):
-        back = in_new_boot(node, boot_ids[node["name"]])
-        assert wait_until(back, timeout=600, step=2) is not None, "%s did not come back" % node["name"]
-    up = time.monotonic() - start
+    up = reboot_all((GPU, OPEN), boot_ids)        # both guests reboot at once
 
     def gpu_restored():
         return {q: next(iter(v)) for q, v in queue_cpus(probe(GPU)).items() if len(v) == 1} == gpu_plan
