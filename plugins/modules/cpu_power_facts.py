@@ -1,0 +1,231 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: cpu_power_facts
+short_description: C-states, turbo, frequency and NUMA placement of a GPU node, with a verdict and the evidence
+version_added: 0.2.0
+description:
+  - "Idle: the cpuidle driver and governor, every CPU's idle states (name, exit latency, target residency, disable,
+    usage), the deepest state enabled and the deepest entered, and a verdict - V(deep_cstate_reachable),
+    V(limited) with each cause and its evidence (the BIOS exposes none, a kernel parameter such as
+    C(intel_idle.max_cstate=1), a state disabled in sysfs, the ladder governor behind a disabled shallow state, a
+    C(/dev/cpu_dma_latency) request and the processes holding it, C(power/pm_qos_resume_latency_us), an active
+    tuned profile with C(force_latency)), or V(not_visible) in a VM without idle-state passthrough (no states, or
+    only C(haltpoll)): the host's C-states are what matter there, and that is never reported as a pass."
+  - NVIDIA's dgxc-benchmarking rule (warn when CPU 0 exposes two or fewer states or any state is disabled) is a note.
+  - "Frequency: cpufreq driver and governor per policy, C(intel_pstate/no_turbo), C(cpufreq/boost),
+    C(max_perf_pct), C(scaling_max_freq) against C(cpuinfo_max_freq), C(intel_pstate=disable) on the command line;
+    verdict V(ok), V(limited) or V(not_visible)."
+  - With O(sample_seconds), the frequency of the busy CPUs measured over that interval - APERF/MPERF through
+    C(/dev/cpu/N/msr) as turbostat computes it, else the mean of C(scaling_cur_freq) - against the rated maximum.
+  - "NUMA placement: C(kernel.numa_balancing), and for the processes chosen by O(pids) and O(process_patterns)
+    the share of resident memory on nodes that are not local to their allowed CPUs (C(/proc/PID/numa_maps),
+    C(Cpus_allowed_list)), flagged above O(remote_threshold_pct), and whether they may run on O(irq_cpus)."
+  - "GPU locality where GPUs exist: C(nvidia-smi topo -m) parsed - each GPU's local CPUs and NUMA node, and the
+    path class to each NIC."
+  - Read-only.
+author:
+  - gpunode.tuning contributors (@gpunode)
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Read-only; check mode reads and samples exactly as a normal run does.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+    details: Nothing is changed.
+  facts:
+    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
+    support: full
+    details: Sets C(ansible_facts.cpu_power).
+options:
+  governor:
+    description:
+      - The cpufreq governor every policy is expected to run; another one is a cause of a V(limited) frequency
+        verdict. Empty checks no governor. A governor that the driver does not offer fails, naming it.
+    type: str
+    default: performance
+  sample_seconds:
+    description:
+      - Measure the busy CPUs' frequency over this many seconds (0 to 600); 0 does not measure.
+    type: float
+    default: 0
+  busy_pct:
+    description: A CPU at least this busy (percent, 0-100) during O(sample_seconds) counts as busy.
+    type: float
+    default: 50
+  min_frequency_pct:
+    description: The busy CPUs' mean frequency, in percent of the rated maximum (0-100), below which it is V(low).
+    type: float
+    default: 90
+  pids:
+    description: Processes whose NUMA placement is checked, by pid. A pid that does not exist fails, naming it.
+    type: list
+    elements: int
+    default: []
+  process_patterns:
+    description:
+      - Processes whose NUMA placement is checked, by Python regular expression searched in their C(comm) and full
+        command line. An invalid expression fails, naming it.
+    type: list
+    elements: str
+    default: []
+  remote_threshold_pct:
+    description: Percent (0-100) of a process's resident memory on remote nodes above which it is flagged.
+    type: float
+    default: 10
+  irq_cpus:
+    description:
+      - CPUs that carry NIC interrupts, a CPU list (C(0-10)) or a list of integers; a checked process allowed on any
+        of them is flagged.
+    type: raw
+  gpu_topology:
+    description:
+      - V(auto) runs C(nvidia-smi topo -m) where C(nvidia-smi) is installed (live roots only); V(never) does not.
+      - A path reads that file instead, a saved C(nvidia-smi topo -m) output.
+    type: str
+    default: auto
+  procfs_path:
+    description:
+      - Root of procfs. With O(sysfs_path) at a captured or generated tree, that tree is read instead of this host
+        - its C(dev/cpu_dma_latency) and C(etc/tuned) under the tree's root (the parent of O(procfs_path)) - and no
+        command runs.
+    type: path
+    default: /proc
+  sysfs_path:
+    description: Root of sysfs. See O(procfs_path).
+    type: path
+    default: /sys
+notes:
+  - BIOS settings cannot be read from the OS. What the firmware allows is inferred from the states the idle driver
+    exposes and their latencies, and reported with that evidence.
+  - On a VM the idle and frequency verdicts are V(not_visible); check the host.
+seealso:
+  - module: gpunode.tuning.kernel_cmdline
+"""
+
+EXAMPLES = r"""
+- name: Read C-states, turbo and frequency
+  gpunode.tuning.cpu_power_facts:
+  register: power
+
+- name: Fail where deep C-states are not reachable on bare metal
+  ansible.builtin.assert:
+    that: power.idle.verdict != 'limited'
+    fail_msg: "{{ power.idle.causes | map(attribute='message') | join('; ') }}"
+
+- name: Measure the busy-core frequency and check where the trainer's memory is
+  gpunode.tuning.cpu_power_facts:
+    sample_seconds: 5
+    process_patterns: ['^python.*train\.py']
+    irq_cpus: "{{ gpunode_irq_cpus }}"
+"""
+
+RETURN = r"""
+idle:
+  description: The idle reading and verdict.
+  returned: always
+  type: dict
+  contains:
+    verdict:
+      description: V(deep_cstate_reachable), V(limited) or V(not_visible).
+      type: str
+    causes:
+      description: What limits the deep states, each C(cause) (bios, no_driver, kernel_parameter, sysfs_disabled,
+        ladder, pm_qos, resume_latency, tuned, vm) with a C(message) quoting the evidence.
+      type: list
+      elements: dict
+    notes:
+      description: Observations that do not change the verdict (the dgxc-benchmarking rule, states never entered).
+      type: list
+      elements: str
+    states_cpu0:
+      description: The states CPU 0 (the first CPU read) exposes, with latency, residency, disable and usage.
+      type: list
+      elements: dict
+    deepest_enabled:
+      description: The deepest state enabled on some CPU, or null.
+      type: str
+    deepest_entered:
+      description: The deepest state some CPU has entered (usage above 0), or null.
+      type: str
+    driver:
+      description: The cpuidle driver (C(intel_idle), C(acpi_idle), C(haltpoll), C(none)), null without cpuidle.
+      type: str
+    governor:
+      description: The cpuidle governor.
+      type: str
+  sample: {"verdict": "not_visible", "driver": "none", "causes": [{"cause": "vm", "message": "a kvm guest ..."}]}
+frequency:
+  description: The frequency reading and verdict (C(verdict) V(ok), V(limited) or V(not_visible); C(causes);
+    C(drivers); C(governors) governor -> CPU list).
+  returned: always
+  type: dict
+measured:
+  description: With O(sample_seconds), the busy CPUs' frequency (C(verdict) V(ok), V(low) or V(unknown),
+    C(busy_mhz), C(rated_mhz), C(method)); and C(cpus) per CPU busy share and MHz.
+  returned: when O(sample_seconds) is above 0
+  type: dict
+numa:
+  description: C(numa_balancing), and C(processes) with each checked process's placement and C(findings).
+  returned: always
+  type: dict
+gpus:
+  description: C(nvidia-smi topo -m) parsed (C(gpus) with local CPUs and NUMA node, C(nics), C(paths)), or
+    C(available) false with the reason.
+  returned: always
+  type: dict
+virtualization:
+  description: C(virtualized), C(type) (kvm, qemu, vmware, amazon, microsoft, xen, vm, none) and the C(evidence).
+  returned: always
+  type: dict
+ansible_facts:
+  description: C(cpu_power), the whole result.
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_power import CpuPowerError, cpu_power_facts
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import missing_cpu_root, runner_for_roots
+
+ARGUMENT_SPEC = dict(
+    governor=dict(type="str", default="performance"),
+    sample_seconds=dict(type="float", default=0),
+    busy_pct=dict(type="float", default=50),
+    min_frequency_pct=dict(type="float", default=90),
+    pids=dict(type="list", elements="int", default=[]),
+    process_patterns=dict(type="list", elements="str", default=[]),
+    remote_threshold_pct=dict(type="float", default=10),
+    irq_cpus=dict(type="raw"),
+    gpu_topology=dict(type="str", default="auto"),
+    procfs_path=dict(type="path", default="/proc"),
+    sysfs_path=dict(type="path", default="/sys"),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    failure = missing_cpu_root(params["procfs_path"], params["sysfs_path"])
+    if failure:
+        module.fail_json(**failure)
+    run = runner_for_roots(module, params["procfs_path"], params["sysfs_path"], commands=("nvidia-smi",))
+    try:
+        facts = cpu_power_facts(params, run)
+    except CpuPowerError as exc:
+        module.fail_json(msg=str(exc), **exc.details)
+    module.exit_json(changed=False, ansible_facts={"cpu_power": facts}, **facts)
+
+
+if __name__ == "__main__":
+    main()

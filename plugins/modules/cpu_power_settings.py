@@ -1,0 +1,148 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: cpu_power_settings
+short_description: Re-enable disabled CPU idle states and set the cpufreq governor, now and at every boot
+version_added: 0.2.0
+description:
+  - The OS-side fixes of the C(gpunode.tuning.cpu_power) role. BIOS C-state limits are not changed (nothing in the
+    OS can); M(gpunode.tuning.cpu_power_facts) reports them with the evidence.
+  - With O(enable_idle_states), writes C(0) to every C(cpuN/cpuidle/stateK/disable) that reads C(1) (all states,
+    or those of O(idle_state_indexes)); with O(governor), writes it to every policy's C(scaling_governor) that
+    differs. Each write is read back; a failed write puts every earlier one back and fails.
+  - With O(persist), a C(systemd-tmpfiles) file (C(/etc/tmpfiles.d/gpunode-cpu-power.conf), C(w) lines with globs)
+    repeats the settings at boot. Written atomically, root:root 0644.
+  - Everything is checked before anything is written - a governor some policy's driver does not offer, a state
+    index no CPU has - and the error names the value.
+  - O(state=absent) removes the file; the live values stay as they are (they are what the kernel would pick after
+    the next boot anyway, unless something else sets them).
+author:
+  - gpunode.tuning contributors (@gpunode)
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Returns the exact writes and the file action it would carry out.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: full
+    details: The sysfs values before and after, one line per file, and the tmpfiles file.
+options:
+  enable_idle_states:
+    description: Re-enable disabled idle states.
+    type: bool
+    default: false
+  idle_state_indexes:
+    description: Only these state indexes (C(stateK)); empty means every state. An index no CPU has fails.
+    type: list
+    elements: int
+    default: []
+  governor:
+    description: The cpufreq governor to set on every policy; empty sets none.
+    type: str
+    default: ""
+  persist:
+    description: Write the tmpfiles.d file that repeats the settings at boot.
+    type: bool
+    default: true
+  state:
+    description: V(absent) removes the persistence file.
+    type: str
+    choices: [present, absent]
+    default: present
+  procfs_path:
+    description: Root of procfs. With O(sysfs_path) at a generated tree, that tree is written (its C(etc) under the
+      parent of O(procfs_path)); the two must be one system.
+    type: path
+    default: /proc
+  sysfs_path:
+    description: Root of sysfs. See O(procfs_path).
+    type: path
+    default: /sys
+seealso:
+  - module: gpunode.tuning.cpu_power_facts
+"""
+
+EXAMPLES = r"""
+- name: Deep C-states back on and the performance governor, persisted
+  gpunode.tuning.cpu_power_settings:
+    enable_idle_states: true
+    governor: performance
+"""
+
+RETURN = r"""
+writes:
+  description: The sysfs writes carried out (in check mode - planned), each C(path), C(before), C(after), C(what).
+  returned: always
+  type: list
+  elements: dict
+files:
+  description: The persistence file's action (C(path), C(action) create/update/remove/unchanged, C(reason)).
+  returned: always
+  type: list
+  elements: dict
+notes:
+  description: Why nothing could be set (no cpuidle states, no cpufreq policies).
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_power_settings import SettingsError, apply, plan
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import exit_with, missing_cpu_root, roots_mixed
+from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
+
+ARGUMENT_SPEC = dict(
+    enable_idle_states=dict(type="bool", default=False),
+    idle_state_indexes=dict(type="list", elements="int", default=[]),
+    governor=dict(type="str", default=""),
+    persist=dict(type="bool", default=True),
+    state=dict(type="str", choices=["present", "absent"], default="present"),
+    procfs_path=dict(type="path", default="/proc"),
+    sysfs_path=dict(type="path", default="/sys"),
+)
+
+
+def _roots(module, procfs, sysfs):
+    failure = missing_cpu_root(procfs, sysfs)
+    if failure:
+        module.fail_json(changed=False, **failure)
+    mixed = roots_mixed(procfs, sysfs)
+    if mixed:
+        module.fail_json(changed=False, msg="refusing to write: %s" % mixed, value=[procfs, sysfs],
+                         expected="procfs_path and sysfs_path of one system")
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    procfs, sysfs = params["procfs_path"], params["sysfs_path"]
+    _roots(module, procfs, sysfs)
+    root = root_of(procfs)
+    try:
+        planned = plan(params, sysfs, procfs, root)
+        changed = bool(planned["writes"]) or any(a["action"] != "unchanged" for a in planned["actions"])
+        if changed and not module.check_mode:
+            apply(planned, root)
+    except SettingsError as exc:
+        module.fail_json(msg=str(exc), changed=False, **exc.details)
+    files = [dict((k, a[k]) for k in ("path", "action", "reason")) for a in planned["actions"]]
+    diff = [{"before_header": "sysfs", "after_header": "sysfs",
+             "before": "".join("%s: %s\n" % (w["path"], w["before"]) for w in planned["writes"]),
+             "after": "".join("%s: %s\n" % (w["path"], w["after"]) for w in planned["writes"])}]
+    diff += [{"before_header": a["path"], "after_header": a["path"], "before": a["before"], "after": a["after"]}
+             for a in planned["actions"] if a["action"] != "unchanged"]
+    exit_with(module, dict(changed=changed, writes=planned["writes"], files=files, notes=planned["notes"]), diff)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The idle and frequency verdicts of cpu_power_facts on real cpupower state tables turned into sysfs trees
+(tests/unit/cpuidle_tree.py) and on generated trees, one per cause; the virtualisation detection; the busy-core
+arithmetic; and the whole module's result through its composition (_cpu_power)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpunode.tuning.plugins.module_utils import _cpu_freq, _cpu_idle, _cpu_power, _virt
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpupower import parse_idle_info
+
+from cpuidle_tree import sysfs_from_idle_info
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "cpu_power" / "cpupower"
+BARE = {"virtualized": False, "type": "none", "evidence": []}
+KVM = {"virtualized": True, "type": "kvm", "evidence": []}
+
+
+def w(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("%s\n" % text)
+
+
+def tree(tmp_path, capture, cpus="0-3", cmdline="BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro", dmi=None):
+    """T/sys from a real cpupower idle-info capture, T/proc with cmdline, cpuinfo and one process."""
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    sysfs_from_idle_info(parse_idle_info((FIXTURES / capture).read_text()), cpus, sysfs)
+    w(procfs / "cmdline", cmdline)
+    w(procfs / "cpuinfo", "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme msr\n")
+    w(procfs / "1" / "comm", "systemd")
+    (procfs / "1" / "fd").mkdir(parents=True)
+    for name, value in (dmi or {"sys_vendor": "Supermicro", "product_name": "SYS-821GE-TNHR"}).items():
+        w(sysfs / "class/dmi/id" / name, value)
+    return sysfs, procfs
+
+
+def judge(sysfs, procfs, virt=None):
+    idle = _cpu_idle.read_idle(str(sysfs), str(procfs), dev=str(sysfs.parent / "dev"), root=str(sysfs.parent))
+    return _cpu_idle.judge_idle(idle, virt or _virt.detect_virt(str(sysfs), str(procfs)))
+
+
+def causes(result):
+    return [c["cause"] for c in result["causes"]]
+
+
+# ---- idle, on real state tables --------------------------------------------------------------------------------
+
+def test_intel_server_with_c6_enabled_is_deep_reachable(tmp_path):
+    res = judge(*tree(tmp_path, "idle_intel_idle_server_c6.txt"))
+    assert res["verdict"] == "deep_cstate_reachable", res
+    assert res["deepest_enabled"] == "C6" and res["causes"] == []
+    assert [s["name"] for s in res["states_cpu0"]] == ["POLL", "C1", "C1E", "C6"]
+    assert res["reachable_cpus"] == "0-3"
+
+
+def test_c6_disabled_in_sysfs_is_limited_and_names_the_state_and_cpus(tmp_path):
+    res = judge(*tree(tmp_path, "idle_intel_idle_c6_disabled.txt"))
+    assert res["verdict"] == "limited"
+    cause = [c for c in res["causes"] if c["cause"] == "sysfs_disabled"][0]
+    assert cause["states"] == ["C6"] and cause["cpus"] == "0-3"
+    # C1E is halt-class: it does not count as a deep state that is still reachable.
+    assert res["deepest_enabled"] is None
+    assert any("disabled" in n for n in res["notes"])
+
+
+def test_amd_acpi_idle_c2_is_deep(tmp_path):
+    res = judge(*tree(tmp_path, "idle_amd_acpi_idle_c2.txt"))
+    assert res["verdict"] == "deep_cstate_reachable" and res["deepest_enabled"] == "C2"
+
+
+def test_poll_and_c1_only_with_kernel_limits_names_the_parameters(tmp_path):
+    res = judge(*tree(tmp_path, "idle_amd_acpi_idle_max_cstate1_poll_c1.txt",
+                      cmdline="BOOT_IMAGE=/vmlinuz ro processor.max_cstate=1 intel_idle.max_cstate=0"))
+    assert res["verdict"] == "limited"
+    assert sorted(c["param"] for c in res["causes"] if c["cause"] == "kernel_parameter") == \
+        ["intel_idle.max_cstate=0", "processor.max_cstate=1"]
+    # NVIDIA dgxc-benchmarking's rule: two or fewer states on CPU 0.
+    assert any("2 idle state(s)" in n and "check_cpu_cstates" in n for n in res["notes"])
+
+
+def test_poll_and_c1_only_without_kernel_limits_is_the_bios(tmp_path):
+    res = judge(*tree(tmp_path, "idle_amd_acpi_idle_max_cstate1_poll_c1.txt"))
+    assert causes(res) == ["bios"]
+    assert "C1 (1 us exit latency" in res["causes"][0]["message"] and "firmware" in res["causes"][0]["message"]
+
+
+def test_no_states_with_idle_poll_on_bare_metal(tmp_path):
+    res = judge(*tree(tmp_path, "idle_driver_none_idle_poll.txt", cmdline="ro idle=poll"))
+    assert res["verdict"] == "limited" and causes(res) == ["kernel_parameter"]
+    assert res["causes"][0]["param"] == "idle=poll"
+
+
+def test_no_states_on_bare_metal_without_limits_is_no_driver(tmp_path):
+    res = judge(*tree(tmp_path, "idle_driver_none_idle_poll.txt"))
+    assert res["verdict"] == "limited" and causes(res) == ["no_driver"]
+
+
+def test_no_states_in_a_qemu_guest_is_not_visible_never_a_pass(tmp_path):
+    sysfs, procfs = tree(tmp_path, "idle_driver_none_idle_poll.txt",
+                         dmi={"sys_vendor": "QEMU", "product_name": "Standard PC (i440FX + PIIX, 1996)"})
+    res = judge(sysfs, procfs)
+    assert res["verdict"] == "not_visible" and causes(res) == ["vm"]
+    assert "host" in res["causes"][0]["message"]
+
+
+def test_haltpoll_is_a_vm_even_without_dmi(tmp_path):
+    res = judge(*tree(tmp_path, "SYNTHETIC_idle_kvm_guest_haltpoll.txt", dmi={}), virt=BARE)
+    assert res["verdict"] == "not_visible" and "haltpoll" in res["causes"][0]["message"]
+
+
+# ---- idle, one generated cause each ----------------------------------------------------------------------------
+
+def test_pm_qos_request_below_every_deep_state_names_its_holder(tmp_path):
+    sysfs, procfs = tree(tmp_path, "idle_intel_idle_server_c6.txt")
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "cpu_dma_latency").write_bytes(struct.pack("=i", 0))
+    w(procfs / "4242" / "comm", "tuned")
+    (procfs / "4242" / "fd").mkdir(parents=True)
+    os.symlink("/dev/cpu_dma_latency", str(procfs / "4242" / "fd" / "7"))
+    res = judge(sysfs, procfs)
+    assert res["verdict"] == "limited"
+    cause = [c for c in res["causes"] if c["cause"] == "pm_qos"][0]
+    assert cause["value_us"] == 0 and cause["holders"] == [{"pid": 4242, "comm": "tuned"}]
+    assert "tuned (pid 4242)" in cause["message"]
+
+
+def test_default_pm_qos_value_is_no_limit(tmp_path):
+    sysfs, procfs = tree(tmp_path, "idle_intel_idle_server_c6.txt")
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "cpu_dma_latency").write_bytes(struct.pack("=i", _cpu_idle.CPU_DMA_LATENCY_DEFAULT))
+    assert judge(sysfs, procfs)["verdict"] == "deep_cstate_reachable"
+
+
+def test_resume_latency_na_keeps_those_cpus_shallow(tmp_path):
+    sysfs, procfs = tree(tmp_path, "idle_intel_idle_server_c6.txt")
+    for cpu, value in ((0, "0"), (1, "n/a"), (2, "10"), (3, "0")):
+        w(sysfs / ("devices/system/cpu/cpu%d/power/pm_qos_resume_latency_us" % cpu), value)
+    res = judge(sysfs, procfs)
+    cause = [c for c in res["causes"] if c["cause"] == "resume_latency"][0]
+    assert res["verdict"] == "limited" and cause["cpus"] == "1-2"
+
+
+def test_ladder_governor_behind_a_disabled_c1_blocks_c6_without_saying_so(tmp_path):
+    sysfs, procfs = tree(tmp_path, "idle_intel_idle_server_c6.txt")
+    w(sysfs / "devices/system/cpu/cpuidle/current_governor", "ladder")
+    w(sysfs / "devices/system/cpu/cpu2/cpuidle/state1/disable", "1")
+    res = judge(sysfs, procfs)
+    ladder = [c for c in res["causes"] if c["cause"] == "ladder"][0]
+    assert ladder["cpus"] == "2" and "C6" in ladder["message"]
+    assert res["verdict"] == "limited" and res["reachable_cpus"] == "0-1,3"
+
+
+def test_tuned_force_latency_counts_only_while_tuned_runs(tmp_path):
+    sysfs, procfs = tree(tmp_path, "idle_intel_idle_server_c6.txt")
+    w(tmp_path / "etc/tuned/active_profile", "latency-performance")
+    w(tmp_path / "usr/lib/tuned/latency-performance/tuned.conf", "[main]\nsummary=x\n[cpu]\nforce_latency=cstate.id_no_zero:1|3\n")
+    res = judge(sysfs, procfs)
+    tuned = [c for c in res["causes"] if c["cause"] == "tuned"][0]
+    assert tuned["profile"] == "latency-performance" and tuned["running"] is False
+    assert res["verdict"] == "deep_cstate_reachable"
+    w(procfs / "900" / "comm", "tuned")
+    assert judge(sysfs, procfs)["verdict"] == "limited"
+
+
+def test_tuned_include_chain_is_followed(tmp_path):
+    sysfs, procfs = tree(tmp_path, "idle_intel_idle_server_c6.txt")
+    w(tmp_path / "etc/tuned/active_profile", "site")
+    w(tmp_path / "etc/tuned/site/tuned.conf", "[main]\ninclude=network-latency\n")
+    w(tmp_path / "usr/lib/tuned/network-latency/tuned.conf", "[main]\ninclude=latency-performance\n")
+    w(tmp_path / "usr/lib/tuned/latency-performance/tuned.conf", "[cpu]\nforce_latency=1\n")
+    info = _cpu_idle.tuned_force_latency(str(tmp_path), str(procfs))
+    assert info == {"profiles": ["site"], "running": False, "force_latency": "1", "from": "latency-performance"}
+
+
+def test_state_index_check_names_the_missing_index(tmp_path):
+    sysfs, procfs = tree(tmp_path, "idle_intel_idle_server_c6.txt")
+    idle = _cpu_idle.read_idle(str(sysfs), str(procfs))
+    _cpu_idle.check_state_indexes(idle, [3])
+    with pytest.raises(_cpu_idle.IdleError, match=r"index 7 does not exist \(the CPUs have 0, 1, 2, 3\)"):
+        _cpu_idle.check_state_indexes(idle, [3, 7])
+
+
+# ---- virtualisation ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("files, cpuinfo, kind", [
+    ({"sys_vendor": "QEMU", "product_name": "Standard PC (Q35 + ICH9, 2009)"}, "", "qemu"),
+    ({"sys_vendor": "Amazon EC2", "product_name": "p5.48xlarge"}, "", "amazon"),
+    ({"sys_vendor": "Microsoft Corporation", "product_name": "Virtual Machine"}, "", "microsoft"),
+    ({"sys_vendor": "Microsoft Corporation", "product_name": "Surface Laptop 5"}, "", "none"),
+    ({"sys_vendor": "NVIDIA", "product_name": "DGXH100"}, "flags\t: fpu hypervisor\n", "vm"),
+    ({"sys_vendor": "NVIDIA", "product_name": "DGXH100"}, "flags\t: fpu sse\n", "none"),
+])
+def test_detect_virt(tmp_path, files, cpuinfo, kind):
+    for name, value in files.items():
+        w(tmp_path / "sys/class/dmi/id" / name, value)
+    w(tmp_path / "proc/cpuinfo", cpuinfo)
+    res = _virt.detect_virt(str(tmp_path / "sys"), str(tmp_path / "proc"))
+    assert res["type"] == kind and res["virtualized"] == (kind != "none")
+
+
+# ---- frequency ----------------------------------------------------------------------------------------------------
+
+def freq_tree(tmp_path, governor="performance", no_turbo="0", max_pct="100", scaling_max=3800000, cmdline="ro"):
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    base = sysfs / "devices/system/cpu"
+    w(base / "online", "0-3")
+    for cpu in range(4):
+        p = base / "cpufreq" / ("policy%d" % cpu)
+        w(p / "affected_cpus", str(cpu))
+        w(p / "related_cpus", str(cpu))
+        w(p / "scaling_driver", "intel_pstate")
+        w(p / "scaling_governor", governor if cpu != 3 else "performance")
+        w(p / "scaling_available_governors", "performance powersave")
+        w(p / "cpuinfo_max_freq", "3800000")
+        w(p / "cpuinfo_min_freq", "800000")
+        w(p / "scaling_max_freq", str(scaling_max if cpu == 1 else 3800000))
+        w(p / "scaling_min_freq", "800000")
+        w(p / "scaling_cur_freq", "3000000")
+    for name, value in (("status", "active"), ("no_turbo", no_turbo), ("max_perf_pct", max_pct), ("min_perf_pct", "20")):
+        w(base / "intel_pstate" / name, value)
+    w(procfs / "cmdline", cmdline)
+    return sysfs, procfs
+
+
+def test_frequency_ok(tmp_path):
+    sysfs, procfs = freq_tree(tmp_path)
+    res = _cpu_freq.judge_freq(_cpu_freq.read_freq(str(sysfs), str(procfs)), BARE)
+    assert res["verdict"] == "ok" and res["governors"] == {"performance": "0-3"} and res["drivers"] == ["intel_pstate"]
+
+
+def test_frequency_every_cause(tmp_path):
+    sysfs, procfs = freq_tree(tmp_path, governor="powersave", no_turbo="1", max_pct="80", scaling_max=2000000,
+                              cmdline="ro intel_pstate=disable")
+    res = _cpu_freq.judge_freq(_cpu_freq.read_freq(str(sysfs), str(procfs)), BARE)
+    assert res["verdict"] == "limited"
+    assert sorted(c["cause"] for c in res["causes"]) == ["capped", "capped", "governor", "intel_pstate_disabled", "turbo_off"]
+    capped = [c for c in res["causes"] if c.get("cpus") == "1"][0]
+    assert "2000000 kHz of 3800000 kHz" in capped["message"]
+    assert [c for c in res["causes"] if c["cause"] == "governor"][0]["message"] == \
+        "governor powersave on CPUs 0-2, expected performance"
+
+
+def test_frequency_in_a_vm_without_cpufreq_is_not_visible(tmp_path):
+    w(tmp_path / "sys/devices/system/cpu/online", "0-7")
+    w(tmp_path / "proc/cmdline", "ro")
+    res = _cpu_freq.judge_freq(_cpu_freq.read_freq(str(tmp_path / "sys"), str(tmp_path / "proc")), KVM)
+    assert res["verdict"] == "not_visible" and res["causes"][0]["cause"] == "vm"
+
+
+def test_governor_not_offered_names_it(tmp_path):
+    sysfs, procfs = freq_tree(tmp_path)
+    freq = _cpu_freq.read_freq(str(sysfs), str(procfs))
+    with pytest.raises(_cpu_freq.FreqError, match=r"governor 'ondemand' is not offered .* \(it offers performance, powersave\)"):
+        _cpu_freq.check_governor(freq, "ondemand")
+
+
+def test_busy_core_frequency_against_the_rated_maximum():
+    policies = {0: {"cpus": [0, 1], "cpuinfo_max_freq": 3800000}}
+    measured = {"method": "aperf_mperf", "cpus": {0: {"busy_pct": 99.0, "mhz": 3000.0}, 1: {"busy_pct": 3.0, "mhz": 900.0}}}
+    res = _cpu_freq.judge_measured(measured, policies, busy_pct=50, min_ratio_pct=90)
+    assert res["verdict"] == "low" and res["busy_cpus"] == "0" and res["busy_mhz"] == 3000.0 and res["ratio_pct"] == 78.9
+    measured["cpus"][0]["mhz"] = 3700.0
+    assert _cpu_freq.judge_measured(measured, policies)["verdict"] == "ok"
+    measured["cpus"][0]["busy_pct"] = 10.0
+    assert _cpu_freq.judge_measured(measured, policies)["verdict"] == "unknown"
+
+
+def test_measure_sees_a_real_busy_cpu_on_this_host():
+    """Live /proc/stat: a spinning child pinned to one CPU is measured busy there; without cpufreq or MSRs here the
+    frequency is unknown, not invented."""
+    cpu = max(os.sched_getaffinity(0))
+    child = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {%d})\nwhile True: pass" % cpu])
+    try:
+        import time
+        time.sleep(0.3)
+        res = _cpu_freq.measure("/sys", "/proc", "/dev", 1.0, [cpu], _cpu_freq.read_policies("/sys"))
+    finally:
+        child.kill()
+        child.wait()
+    assert res["cpus"][cpu]["busy_pct"] > 80, res
+    if res["method"] is None:
+        assert res["cpus"][cpu]["mhz"] is None
+
+
+# ---- the composition --------------------------------------------------------------------------------------------
+
+def params(tmp_path, **kw):
+    base = dict(governor="performance", sample_seconds=0, busy_pct=50, min_frequency_pct=90, pids=[], process_patterns=[],
+                remote_threshold_pct=10, irq_cpus=None, gpu_topology="never", procfs_path=str(tmp_path / "proc"),
+                sysfs_path=str(tmp_path / "sys"))
+    base.update(kw)
+    return base
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("remote_threshold_pct", 150, r"remote_threshold_pct 150 is outside 0-100"),
+    ("busy_pct", -1, r"busy_pct -1 is outside 0-100"),
+    ("sample_seconds", 601, r"sample_seconds 601 is outside 0-600"),
+    ("irq_cpus", "0-x", r"irq_cpus '0-x' is not a CPU list"),
+    ("gpu_topology", "/nonexistent/topo.txt", r"gpu_topology '/nonexistent/topo.txt' is neither auto, never nor a file"),
+    ("pids", [999999999], r"999999999"),
+    ("process_patterns", ["python("], r"python\("),
+    ("governor", "ondemand", r"governor 'ondemand' is not offered"),
+])
+def test_bad_input_fails_before_anything_is_read(tmp_path, key, value, match):
+    freq_tree(tmp_path)
+    with pytest.raises(_cpu_power.CpuPowerError, match=match) as info:
+        _cpu_power.cpu_power_facts(params(tmp_path, **{key: value}))
+    assert info.value.details.get("value", info.value.details.get("expected")) is not None
+
+
+def test_findings_on_a_bare_metal_tree(tmp_path):
+    tree(tmp_path, "idle_intel_idle_c6_disabled.txt")
+    freq_tree(tmp_path, no_turbo="1")
+    res = _cpu_power.cpu_power_facts(params(tmp_path))
+    by = dict((f["check"], f) for f in res["findings"])
+    assert by["idle"]["status"] == "fail" and "C6" in by["idle"]["message"]
+    assert by["frequency"]["status"] == "fail" and "no_turbo is 1" in by["frequency"]["message"]
+    assert "measured" not in by and res["gpus"] == {"available": False, "reason": "gpu_topology is never"}

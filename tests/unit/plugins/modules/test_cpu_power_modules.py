@@ -1,0 +1,144 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""cpu_power_facts and cpu_power_settings through their main(), on trees built from real cpupower captures.
+
+cpu_power_settings writes under the tree (sysfs files and the tmpfiles.d file under the tree's etc): check mode's
+plan is exactly what the run then does, a second run changes nothing, a failed write puts the earlier ones back,
+bad input changes nothing. The lab (molecule nic_irq_modules) runs both on a real kernel, where a TCG guest has no
+cpuidle states and no cpufreq."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import modharness
+from modharness import Exit, Fail
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpupower import parse_idle_info
+from ansible_collections.gpunode.tuning.plugins.modules import cpu_power_facts, cpu_power_settings
+
+from cpuidle_tree import sysfs_from_idle_info
+
+pytestmark = pytest.mark.usefixtures("fake_exits")
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "cpu_power"
+TMPFILES = "etc/tmpfiles.d/gpunode-cpu-power.conf"
+
+
+def w(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("%s\n" % text)
+
+
+def node(tmp_path, capture="idle_intel_idle_c6_disabled.txt", governor="powersave"):
+    """4 CPUs, a real intel_idle state table (C6 disabled), intel_pstate policies on the given governor."""
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    sysfs_from_idle_info(parse_idle_info((FIXTURES / "cpupower" / capture).read_text()), "0-3", sysfs)
+    for cpu in range(4):
+        p = sysfs / "devices/system/cpu/cpufreq" / ("policy%d" % cpu)
+        for name, value in (("affected_cpus", cpu), ("related_cpus", cpu), ("scaling_driver", "intel_pstate"),
+                            ("scaling_governor", governor), ("scaling_available_governors", "performance powersave"),
+                            ("cpuinfo_max_freq", 3800000), ("scaling_max_freq", 3800000)):
+            w(p / name, value)
+    w(procfs / "cmdline", "ro")
+    w(procfs / "cpuinfo", "vendor_id\t: GenuineIntel\nflags\t\t: fpu\n")
+    w(procfs / "interrupts", "           CPU0\n")
+    return {"procfs_path": str(procfs), "sysfs_path": str(sysfs)}
+
+
+def disable_files(tmp_path):
+    return dict((cpu, (tmp_path / ("sys/devices/system/cpu/cpu%d/cpuidle/state3/disable" % cpu)).read_text().strip())
+                for cpu in range(4))
+
+
+def governors(tmp_path):
+    return [(tmp_path / ("sys/devices/system/cpu/cpufreq/policy%d/scaling_governor" % c)).read_text().strip() for c in range(4)]
+
+
+def test_facts_report_the_disabled_c6_and_the_governor(tmp_path):
+    kind, res = modharness.run(cpu_power_facts, dict(node(tmp_path), gpu_topology="never"))
+    assert kind is Exit and res["changed"] is False
+    assert res["idle"]["verdict"] == "limited" and res["frequency"]["verdict"] == "limited"
+    assert res["ansible_facts"]["cpu_power"]["idle"]["driver"] == "intel_idle"
+    assert {f["check"]: f["status"] for f in res["findings"]} == {"idle": "fail", "frequency": "fail"}
+
+
+def test_facts_read_a_saved_topo_output(tmp_path):
+    topo = FIXTURES / "nvidia_topo" / "hgx_nv18_8gpu_12nic_gpu_numa_id.txt"
+    kind, res = modharness.run(cpu_power_facts, dict(node(tmp_path), gpu_topology=str(topo)))
+    assert kind is Exit and res["gpus"]["available"] is True and len(res["gpus"]["topology"]["gpus"]) == 8
+
+
+def test_facts_bad_input_names_the_value(tmp_path):
+    kind, res = modharness.run(cpu_power_facts, dict(node(tmp_path), remote_threshold_pct=101))
+    assert kind is Fail and res["value"] == 101 and "remote_threshold_pct" in res["msg"]
+
+
+def test_settings_check_mode_plan_is_exactly_what_the_run_does_and_then_nothing(tmp_path):
+    args = dict(node(tmp_path), enable_idle_states=True, governor="performance")
+    kind, plan = modharness.run(cpu_power_settings, args, check=True, diff=True)
+    assert kind is Exit and plan["changed"] is True
+    assert disable_files(tmp_path) == {0: "1", 1: "1", 2: "1", 3: "1"} and governors(tmp_path) == ["powersave"] * 4
+    assert not (tmp_path / TMPFILES).exists()
+    assert sorted(x["what"] for x in plan["writes"]) == sorted(
+        ["cpu%d C6 enabled" % c for c in range(4)] + ["policy%d governor powersave -> performance" % c for c in range(4)])
+    assert plan["files"] == [{"path": "/" + TMPFILES, "action": "create", "reason": "missing"}]
+    assert "state3/disable: 1" in plan["diff"][0]["before"] and "state3/disable: 0" in plan["diff"][0]["after"]
+
+    kind, done = modharness.run(cpu_power_settings, args)
+    assert kind is Exit and done["changed"] is True and done["writes"] == plan["writes"]
+    assert disable_files(tmp_path) == {0: "0", 1: "0", 2: "0", 3: "0"} and governors(tmp_path) == ["performance"] * 4
+    text = (tmp_path / TMPFILES).read_text()
+    assert "w /sys/devices/system/cpu/cpu*/cpuidle/state*/disable - - - - 0\n" in text
+    assert "w /sys/devices/system/cpu/cpufreq/policy*/scaling_governor - - - - performance\n" in text
+    assert oct(os.stat(tmp_path / TMPFILES).st_mode & 0o777) == "0o644"
+
+    for check in (True, False):
+        kind, again = modharness.run(cpu_power_settings, args, check=check)
+        assert kind is Exit and again["changed"] is False and again["writes"] == []
+
+    kind, facts = modharness.run(cpu_power_facts, dict(procfs_path=args["procfs_path"], sysfs_path=args["sysfs_path"],
+                                                       gpu_topology="never"))
+    assert facts["idle"]["verdict"] == "deep_cstate_reachable" and facts["frequency"]["verdict"] == "ok"
+
+    kind, gone = modharness.run(cpu_power_settings, dict(args, state="absent"))
+    assert gone["changed"] is True and not (tmp_path / TMPFILES).exists()
+
+
+def test_settings_a_failed_write_puts_the_earlier_ones_back(tmp_path):
+    args = dict(node(tmp_path), enable_idle_states=True)
+    target = tmp_path / "sys/devices/system/cpu/cpu2/cpuidle/state3/disable"
+    target.unlink()
+    # This host's kernel refuses every write to kernel_max (read-only attribute, EACCES even for root); it reads
+    # as a non-zero number, so the plan writes "0" to it after cpu0 and cpu1.
+    target.symlink_to("/sys/devices/system/cpu/kernel_max")
+    kind, res = modharness.run(cpu_power_settings, args)
+    assert kind is Fail and "cpu2/cpuidle/state3/disable" in res["msg"] and "put back" in res["msg"]
+    assert disable_files_except(tmp_path, 2) == {0: "1", 1: "1", 3: "1"}
+    assert not (tmp_path / TMPFILES).exists()
+
+
+def disable_files_except(tmp_path, skip):
+    return dict((c, v) for c, v in ((c, (tmp_path / ("sys/devices/system/cpu/cpu%d/cpuidle/state3/disable" % c)).read_text().strip())
+                                    for c in range(4) if c != skip))
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"governor": "ondemand"}, "governor 'ondemand' is not offered"),
+    ({"enable_idle_states": True, "idle_state_indexes": [9]}, "idle state index 9 does not exist"),
+])
+def test_settings_bad_input_changes_nothing(tmp_path, extra, match):
+    args = dict(node(tmp_path), **extra)
+    kind, res = modharness.run(cpu_power_settings, args)
+    assert kind is Fail and match in res["msg"]
+    assert disable_files(tmp_path) == {0: "1", 1: "1", 2: "1", 3: "1"} and governors(tmp_path) == ["powersave"] * 4
+    assert not (tmp_path / TMPFILES).exists()
+
+
+def test_settings_refuse_a_captured_sysfs_with_the_live_proc(tmp_path):
+    args = dict(node(tmp_path), procfs_path="/proc", enable_idle_states=True)
+    kind, res = modharness.run(cpu_power_settings, args)
+    assert kind is Fail and "refusing to write" in res["msg"]
