@@ -40,6 +40,7 @@ _POLICY_RE = re.compile(r"^policy(\d+)$")
 POLICY_FILES = ("scaling_driver", "scaling_governor", "energy_performance_preference")
 POLICY_INTS = ("scaling_min_freq", "scaling_max_freq", "cpuinfo_min_freq", "cpuinfo_max_freq", "scaling_cur_freq",
                "base_frequency")
+PSTATE_FILES = ("status", "no_turbo", "max_perf_pct", "min_perf_pct", "hwp_dynamic_boost", "turbo_pct")
 FREQ_CMDLINE_KEYS = ("intel_pstate", "amd_pstate", "cpufreq.off", "cpufreq.default_governor")
 
 
@@ -80,8 +81,7 @@ def read_freq(sysfs="/sys", procfs="/proc"):
         "policies": read_policies(sysfs),
         "boost": read_int(join(cpu_dir, "cpufreq/boost")),
         "intel_pstate": None if not os.path.isdir(pstate) else dict(
-            (name, read_text(join(pstate, name))) for name in ("status", "no_turbo", "max_perf_pct", "min_perf_pct",
-                                                                "hwp_dynamic_boost", "turbo_pct")),
+            (name, read_text(join(pstate, name))) for name in PSTATE_FILES),
         "amd_pstate": read_text(join(cpu_dir, "amd_pstate/status")),
         "cmdline": cmdline,
     }
@@ -193,7 +193,7 @@ def measure(sysfs, procfs, dev, seconds, cpus, policies, sleep=time.sleep, clock
     msr_first = _msr_sample(dev, cpus)
     start = clock()
     cur = dict((cpu, []) for cpu in cpus)
-    for _ in range(reads):
+    for dummy in range(reads):
         sleep(float(seconds) / reads)
         for cpu, value in _cur_freqs(sysfs, policies).items():
             if cpu in cur:

@@ -26,7 +26,8 @@ framework"):
   that matter are the host's, and the guest cannot see them.
 
 "Deep" here: any state that is not halt-class - not ``POLL``, ``C1``, ``C1E`` (or their ``_ACPI`` forms), ARM's
-``WFI`` or ``haltpoll`` - so the C3/C6/CC6-class states that give an idle core's power budget to the busy ones. NVIDIA's dgxc-benchmarking ``check_cpu_cstates`` warns when
+``WFI`` or ``haltpoll`` - so the C3/C6/CC6-class states that give an idle core's power budget to the busy ones.
+NVIDIA's dgxc-benchmarking ``check_cpu_cstates`` warns when
 CPU 0 exposes two or fewer states or any state is disabled; that rule is reported as its own finding.
 """
 
@@ -145,7 +146,7 @@ def _ini_sections(text):
         if line.startswith("[") and line.endswith("]"):
             current = sections.setdefault(line[1:-1].strip(), {})
         elif current is not None and "=" in line:
-            key, _, value = line.partition("=")
+            key, dummy, value = line.partition("=")
             current[key.strip()] = value.strip()
     return sections
 
@@ -365,8 +366,8 @@ def judge_idle(idle, virt):
     if tuned and tuned["force_latency"] is not None:
         causes.append({"cause": "tuned", "profile": tuned["from"], "running": tuned["running"],
                        "message": "tuned profile %s sets force_latency=%s (it holds /dev/cpu_dma_latency while tuned "
-                       "runs; tuned is %s)" % (tuned["from"], tuned["force_latency"],
-                                              "running" if tuned["running"] else "not running")})
+                       "runs; tuned is %s)" % (tuned["from"], tuned["force_latency"], "running" if tuned["running"] else
+                                               "not running")})
     if len(states0) <= 2:
         notes.append("CPU %d exposes %d idle state(s) (%s): NVIDIA's dgxc-benchmarking check_cpu_cstates warns at two "
                      "or fewer: active cores may not reach expected boost clocks"

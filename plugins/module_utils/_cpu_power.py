@@ -162,6 +162,6 @@ def findings(result):
             flagged = rule in (finding.get("rules") or [])
             out.append({"check": check, "status": "fail" if flagged else "pass", "pid": finding["pid"],
                         "verdict": "flagged" if flagged else "ok",
-                        "message": "%s (pid %d): %s" % (finding["name"], finding["pid"], "; ".join(finding["reasons"])
-                                                         or "placement ok")})
+                        "message": "%s (pid %d): %s" % (finding["name"], finding["pid"],
+                                                        "; ".join(finding["reasons"]) or "placement ok")})
     return out

@@ -83,8 +83,8 @@ def parse_policy(text):
 
     ``nodes`` is a list, or None for a policy without a node list (``default``, ``local``).
     """
-    head, _, nodelist = text.partition(":")
-    mode, _, flags = head.partition("=")
+    head, dummy, nodelist = text.partition(":")
+    mode, dummy, flags = head.partition("=")
     nodes = None
     if nodelist:
         try:

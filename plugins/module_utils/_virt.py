@@ -50,7 +50,7 @@ DMI_FILES = ("product_name", "sys_vendor", "board_vendor", "bios_vendor", "produ
 def _cpu_flags(procfs):
     text = read_text(join(procfs, "cpuinfo")) or ""
     for line in text.splitlines():
-        key, _, value = line.partition(":")
+        key, dummy, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
             return set(value.split())
     return set()
