@@ -52,7 +52,7 @@ def plan(params, sysfs, procfs, root):
     enable, governor = params["enable_idle_states"], params["governor"] or None
     indexes = params.get("idle_state_indexes")
     indexes = None if not indexes else sorted(set(indexes))
-    idle = read_idle(sysfs, procfs)
+    idle = read_idle(sysfs, procfs, dev=join(root, "dev"), root=root)
     freq = read_freq(sysfs, procfs)
     try:
         if enable and indexes is not None:
