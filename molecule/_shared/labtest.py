@@ -119,13 +119,14 @@ def host(name):
     return testinfra.get_host("ansible://%s" % name, ansible_inventory=INVENTORY)
 
 
-def playbook(*extra, check=False, tag=None):
+def playbook(*extra, check=False, tag=None, path=None):
+    """ansible-playbook on the scenario's inventory: the shared tune converge, or ``path``; (result, changed per host)."""
     argv = ["ansible-playbook", "--inventory", str(Path(INVENTORY).parent)]
     if check:
         argv += ["--check", "--diff"]
     if tag:
         argv += ["--extra-vars", "lab_report_tag=%s" % tag]
-    argv += list(extra) + [str(CONVERGE)]
+    argv += list(extra) + [str(path or CONVERGE)]
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800, check=False)
     recap = {h: int(c) for h, c in re.findall(r"(?m)^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)", res.stdout)}

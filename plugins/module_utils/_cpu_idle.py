@@ -51,6 +51,8 @@ LIMIT_PARAMS = {
     "idle": "replaces the idle driver (poll: busy polling; halt/nomwait: no MWAIT states)",
     "cpuidle.off": "switches cpuidle off (the architecture's default idle only)",
 }
+# The keys the cpu_power role's cpu_power_fix_kernel_limits takes off the next boot's command line.
+LIMIT_KEYS = ("intel_idle.max_cstate", "processor.max_cstate", "intel_idle.states_off", "idle", "cpuidle.off")
 CPU_DMA_LATENCY_DEFAULT = 2000000000
 VM_DRIVERS = ("haltpoll",)
 # Halt-class states by name: the kernel's intel_idle and acpi_idle tables, ARM PSCI's WFI, cpuidle-haltpoll.

@@ -10,7 +10,10 @@ imports.
 * :func:`plan` - every check first (the governor is offered by every policy's driver, the state indexes exist),
   then the sysfs writes (path, before, after) and the tmpfiles.d file that repeats them at boot;
 * :func:`apply` - the sysfs writes one by one, each read back; on a failed or not-taken write every earlier one is
-  written back to its old value and the error raised; then the file through ``_persist.apply_files`` (atomic).
+  written back to its old value and the error raised; then the file through ``_persist.apply_files`` (atomic);
+  then, with ``remove_kernel_limits``, the kernel_cmdline module's own code (``_kernel_cmdline.prepare``/``finish``,
+  planned with everything else before anything is written) takes the idle-limiting keys (``_cpu_idle.LIMIT_KEYS``)
+  off the next boot's command line; if that fails, the sysfs values and the file are put back.
 
 Persistence is a ``systemd-tmpfiles`` ``w`` line per setting (tmpfiles.d(5): ``w`` writes the argument to a file
 that exists, and accepts shell globs), run at boot by systemd-tmpfiles-setup.service. Only the reader and writer
@@ -22,9 +25,11 @@ governor line; the role's check reports that as drift.
 from __future__ import annotations
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_freq import FreqError, check_governor, read_freq
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_idle import IdleError, check_state_indexes, read_idle
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_idle import LIMIT_KEYS, IdleError, check_state_indexes, read_idle
+from ansible_collections.gpunode.tuning.plugins.module_utils import _kernel_cmdline as kcmd
+from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import KernelCmdlineError
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, read_text
-from ansible_collections.gpunode.tuning.plugins.module_utils._persist import PersistError, apply_files, plan_files
+from ansible_collections.gpunode.tuning.plugins.module_utils._persist import PersistError, apply_files, plan_files, rooted
 
 TMPFILES = "/etc/tmpfiles.d/gpunode-cpu-power.conf"
 HEADER = "# Managed by gpunode.tuning (cpu_power_settings). Applied at boot by systemd-tmpfiles.\n"
@@ -47,8 +52,17 @@ def tmpfiles_text(indexes, enable_idle, governor):
     return "".join(lines)
 
 
-def plan(params, sysfs, procfs, root):
-    """``{"writes": [{"path", "before", "after", "what"}], "files": {...}, "actions": [...], "remove": [...]}``."""
+def kernel_params(params, procfs, sysfs, root):
+    """The kernel_cmdline options that take the idle limits off (state present) or give them back (absent)."""
+    return {"parameters": None, "remove": list(LIMIT_KEYS), "isolate": None, "state": params["state"],
+            "bootloader": params.get("bootloader") or "auto", "root": root, "procfs_path": procfs, "sysfs_path": sysfs,
+            "state_dir": kcmd.STATE_DIR, "dropin_name": kcmd.DROPIN}
+
+
+def plan(params, sysfs, procfs, root, kernel=None):
+    """``{"writes": [{"path", "before", "after", "what"}], "files": {...}, "actions": [...], "kernel": prepared or None}``.
+
+    ``kernel``: ``(run, which, live, check)`` for the kernel_cmdline part, needed with ``remove_kernel_limits``."""
     enable, governor = params["enable_idle_states"], params["governor"] or None
     indexes = params.get("idle_state_indexes")
     indexes = None if not indexes else sorted(set(indexes))
@@ -86,11 +100,19 @@ def plan(params, sysfs, procfs, root):
         notes.append("no CPU has cpuidle states (driver %s): nothing to enable" % (idle["driver"] or "absent"))
     if governor and not freq["policies"]:
         notes.append("no cpufreq policies: no governor to set")
-    return {"writes": writes, "files": files, "actions": actions, "notes": notes}
+    prepared = None
+    if params.get("remove_kernel_limits"):
+        run, which, live, check = kernel
+        try:
+            prepared = kcmd.prepare(kernel_params(params, procfs, sysfs, root), run, check, live, which, procfs=procfs)
+        except KernelCmdlineError as exc:
+            raise SettingsError(str(exc), **exc.details)
+    return {"writes": writes, "files": files, "actions": actions, "notes": notes, "kernel": prepared}
 
 
 def apply(planned, root, write_sysfs=None):
-    """Carry out ``planned``: sysfs writes (read back, all or nothing), then the persistence file."""
+    """Carry out ``planned``: sysfs writes (read back, all or nothing), the persistence file, the kernel command line.
+    Returns the kernel_cmdline (result, diff), or (None, []) without ``remove_kernel_limits``."""
     write_sysfs = write_sysfs or _write_sysfs
     done = []
 
@@ -116,6 +138,7 @@ def apply(planned, root, write_sysfs=None):
                 "putting back failed for %s" % ", ".join(problems)), path=item["path"], value=item["after"],
                 rollback_failed=problems)
         done.append(item)
+    old_file = _snapshot(root, planned["actions"])
     if any(a["action"] != "unchanged" for a in planned["actions"]):
         try:
             apply_files(planned["files"], planned["actions"], root=root)
@@ -123,6 +146,40 @@ def apply(planned, root, write_sysfs=None):
             problems = put_back()
             raise SettingsError("%s; the sysfs writes were %s" % (exc, "put back" if not problems else
                                 "not all put back (%s)" % ", ".join(problems)), **exc.details)
+    if planned["kernel"] is None:
+        return None, []
+    try:
+        return kcmd.finish(planned["kernel"])
+    except KernelCmdlineError as exc:
+        problems = put_back()
+        try:
+            _restore(root, old_file)
+        except (OSError, PersistError):
+            problems.append(TMPFILES)
+        raise SettingsError("%s; the sysfs writes and %s were %s" % (exc, TMPFILES, "put back" if not problems else
+                            "not all put back (%s)" % ", ".join(problems)), **exc.details)
+
+
+def kernel_check(planned):
+    """The kernel_cmdline result and diff in check mode (nothing is written)."""
+    return kcmd.finish(planned["kernel"]) if planned["kernel"] is not None else (None, [])
+
+
+def _snapshot(root, actions):
+    out = []
+    for act in actions:
+        try:
+            with open(rooted(root, act["path"]), "rb") as handle:
+                out.append((act["path"], handle.read()))
+        except (IOError, OSError):
+            out.append((act["path"], None))
+    return out
+
+
+def _restore(root, snapshot):
+    files = dict((p, (d, 0o644)) for p, d in snapshot if d is not None)
+    remove = [p for p, d in snapshot if d is None]
+    apply_files(files, [a for a in plan_files(files, remove, root) if a["action"] != "unchanged"], root)
 
 
 def _write_sysfs(path, value):

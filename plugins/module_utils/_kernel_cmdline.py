@@ -39,9 +39,11 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_arg
     KernelCmdlineError,
     comparable,
     merge,
+    is_removal,
     norm,
     param_key,
     parse_parameters,
+    parse_removals,
     split_cmdline,
 )
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
@@ -64,6 +66,7 @@ TOOL_DIRS = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "
 
 ARGUMENT_SPEC = dict(
     parameters=dict(type="list", elements="str"),
+    remove=dict(type="list", elements="str"),
     isolate=dict(type="dict", options=dict(
         cpus=dict(type="str", required=True),
         flags=dict(type="list", elements="str", default=["domain"]),
@@ -79,8 +82,8 @@ ARGUMENT_SPEC = dict(
     state_dir=dict(type="path", default=STATE_DIR),
     dropin_name=dict(type="str", default=DROPIN),
 )
-MUTUALLY_EXCLUSIVE = [("parameters", "isolate")]
-REQUIRED_ONE_OF = [("parameters", "isolate")]
+MUTUALLY_EXCLUSIVE = [("parameters", "isolate"), ("remove", "isolate")]
+REQUIRED_ONE_OF = [("parameters", "isolate", "remove")]
 
 
 # ------------------------------------------------------------------ read --
@@ -227,7 +230,13 @@ def prepare(params, run, check, live, which, procfs="/proc"):
     if state not in STATES:
         raise KernelCmdlineError("state %r: expected present or absent" % (state,), option="state", value=state)
     if params.get("isolate") is None:
-        wanted = parse_parameters(params["parameters"], check_values=(state == "present"))
+        wanted = parse_parameters(params.get("parameters") or [], check_values=(state == "present"))
+        removals = parse_removals(params.get("remove") or [])
+        both = sorted(set(p.key for p in wanted) & set(p.key for p in removals))
+        if both:
+            raise KernelCmdlineError("%s is in both parameters and remove: expected each key in one of them"
+                                     % ", ".join(both), option="remove", value=both)
+        wanted += removals
     running = read_running(procfs)
     bootloader = detect(params["bootloader"], root, which, live)
     marker = join(params["state_dir"], MARKER)
@@ -349,10 +358,14 @@ def _finish_grub(prepared, write):
     pending = prepared["changes"] and not updated
     if next_boot is not None and not pending:
         have = [norm(t) for t in next_boot]
-        missing = [t for t in managed.values() if have.count(norm(t)) != 1]
+        missing = [t for t in managed.values() if not is_removal(t) and have.count(norm(t)) != 1]
         if missing:
             warnings.append("the next boot's command line (the default entry of %s) does not carry %s once: %s"
                             % (grub.GRUB_CFG, " ".join(missing), " ".join(next_boot)))
+        left = [t for t in next_boot if any(is_removal(m) and param_key(m) == param_key(t) for m in managed.values())]
+        if left:
+            warnings.append("the next boot's command line (the default entry of %s) still has %s, which this module "
+                            "removes: %s" % (grub.GRUB_CFG, " ".join(left), " ".join(next_boot)))
     return updated, next_boot, prepared["after"], pending
 
 

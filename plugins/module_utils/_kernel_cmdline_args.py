@@ -92,9 +92,35 @@ def norm(token):
     return token.replace('"', "")
 
 
+# A managed key the module keeps OFF the command line (the ``remove`` option) is recorded as ``!key``.
+REMOVED = "!"
+
+
+def is_removal(token):
+    """Whether a managed token stands for "this key is taken out" rather than a parameter to set."""
+    return token.startswith(REMOVED)
+
+
 def param_key(token):
-    """The name the kernel matches a parameter on: before the first ``=``, with ``-`` read as ``_``."""
-    return norm(token).split("=", 1)[0].replace("-", "_")
+    """The name the kernel matches a parameter on: before the first ``=``, with ``-`` read as ``_`` (a ``!key``
+    removal record has the key's name)."""
+    return norm(token)[len(REMOVED):].split("=", 1)[0].replace("-", "_") if is_removal(token) else \
+        norm(token).split("=", 1)[0].replace("-", "_")
+
+
+def parse_removals(values):
+    """The ``remove`` option (keys, no values) as :class:`Param` records with the text ``!key``."""
+    try:
+        params = parse_parameters(values, check_values=False)
+    except KernelCmdlineError as exc:
+        details = dict(exc.details, option="remove")
+        raise KernelCmdlineError(str(exc).replace("parameters", "remove", 1), **details)
+    for index, param in enumerate(params):
+        if param.value is not None or is_removal(param.text):
+            raise KernelCmdlineError("remove[%d] %s: remove takes keys only; expected a key such as processor.max_cstate"
+                                     % (index, _show(param.text)), option="remove", value=param.text,
+                                     expected="a key without =")
+    return [Param(p.key, REMOVED + p.name, p.name, None) for p in params]
 
 
 def comparable(tokens):

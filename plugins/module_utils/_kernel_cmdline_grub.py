@@ -31,6 +31,7 @@ import re
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import list_dir
 from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import (
     KernelCmdlineError,
+    is_removal,
     norm,
     param_key,
     split_cmdline,
@@ -320,8 +321,9 @@ def plan(root, run, managed, previous, dropin_name, marker, warnings):
     _verify_base(base, after_base, keys, restored, base_paths, new)
 
     dropin_text = None
-    if managed:
-        dropin_text = DROPIN_HEADER % marker + 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX %s"\n' % " ".join(managed.values())
+    setting = [t for t in managed.values() if not is_removal(t)]
+    if setting:
+        dropin_text = DROPIN_HEADER % marker + 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX %s"\n' % " ".join(setting)
     order = config_files(root, extra=dropin if dropin_text else None)
     items = []
     for path in order:
@@ -374,6 +376,14 @@ def _verify_after(after, managed, order, dropin):
     later = order[order.index(dropin) + 1:] if dropin in order else []
     for key, token in managed.items():
         found = [t for t in after if param_key(t) == key]
+        if is_removal(token):
+            if found:
+                raise KernelCmdlineError(
+                    "%s would still be on the command line grub-mkconfig builds after this module removes it: %s sourced "
+                    "after the drop-in set%s it; nothing was changed" % (" ".join(found), ", ".join(later) or "a file",
+                                                                         "s" if len(later) == 1 else ""),
+                    value=found, expected="no %s" % key, later=later)
+            continue
         if [norm(t) for t in found] != [norm(token)]:
             raise KernelCmdlineError(
                 "with the drop-in %s the command line grub-mkconfig builds would have %s instead of %s once: %s "

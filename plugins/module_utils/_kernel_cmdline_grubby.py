@@ -22,6 +22,7 @@ import collections
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import (
     KernelCmdlineError,
+    is_removal,
     norm,
     param_key,
     split_cmdline,
@@ -128,6 +129,9 @@ def plan_present(entries, managed, previous):
         for key, token in managed.items():
             have = _have(tokens, key)
             record.setdefault(key, have)
+            if is_removal(token):
+                gone += have
+                continue
             if not _same(have, [token]):
                 gone += [t for t in have if norm(t) != norm(token)]
                 new.append(token)
@@ -135,7 +139,7 @@ def plan_present(entries, managed, previous):
         add += new
         kept = [t for t in tokens if t not in gone]
         after[entry["kernel"]] = kept + [t for t in new if norm(t) not in [norm(k) for k in kept]]
-    add = [t for t in managed.values() if t in add]
+    add = [t for t in managed.values() if t in add and not is_removal(t)]
     commands = [command("ALL", _dedup(remove), add)] if add or remove else []
     return commands, previous, after
 
@@ -151,7 +155,9 @@ def plan_absent(entries, released, set_before, previous, warnings):
         remove, add = [], []
         for key in released:
             have, ours, before = _have(tokens, key), set_before[key], list(record.get(key, []))
-            if _same(have, [ours]):
+            if is_removal(ours) and not have:
+                add += before
+            elif _same(have, [ours]):
                 remove += have
                 add += before
             elif not _same(have, before):
@@ -181,6 +187,10 @@ def verify(entries, managed, released, after, warnings):
     for entry in entries:
         tokens = entry_tokens(entry)
         for key, token in managed.items():
+            if is_removal(token):
+                if _have(tokens, key):
+                    problems.append("%s: %s is still there, removed by this module" % (entry["kernel"], " ".join(_have(tokens, key))))
+                continue
             if not _same(_have(tokens, key), [token]):
                 problems.append("%s: %s instead of %s" % (entry["kernel"], " ".join(_have(tokens, key)) or "no %s" % key, token))
         planned = after.get(entry["kernel"])

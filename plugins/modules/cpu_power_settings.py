@@ -48,6 +48,20 @@ options:
     description: The cpufreq governor to set on every policy; empty sets none.
     type: str
     default: ""
+  remove_kernel_limits:
+    description:
+      - Take the idle-limiting kernel parameters (C(intel_idle.max_cstate), C(processor.max_cstate),
+        C(intel_idle.states_off), C(idle), C(cpuidle.off)) off the next boot's command line, with the code of
+        M(gpunode.tuning.kernel_cmdline) (its O(gpunode.tuning.kernel_cmdline#module:remove) option - the same marker
+        and drop-in, so it composes with the isolcpus role). With O(state=absent) what was taken out is put back.
+      - Takes effect at the next boot; C(reboot_required) in RV(kernel_cmdline) says whether one is needed.
+    type: bool
+    default: false
+  bootloader:
+    description: Where O(remove_kernel_limits) edits the command line, as M(gpunode.tuning.kernel_cmdline) picks it.
+    type: str
+    choices: [auto, grub_debian, grubby]
+    default: auto
   persist:
     description: Write the tmpfiles.d file that repeats the settings at boot.
     type: bool
@@ -88,6 +102,12 @@ files:
   returned: always
   type: list
   elements: dict
+kernel_cmdline:
+  description:
+    - With O(remove_kernel_limits), M(gpunode.tuning.kernel_cmdline)'s result (C(configured_before),
+      C(configured_after), C(running), C(next_boot_cmdline), C(reboot_required), C(managed), C(files), C(commands)).
+  returned: when O(remove_kernel_limits) is true
+  type: dict
 notes:
   description: Why nothing could be set (no cpuidle states, no cpufreq policies).
   returned: always
@@ -97,14 +117,19 @@ notes:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_power_settings import SettingsError, apply, plan
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import exit_with, missing_cpu_root, roots_mixed
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_power_settings import SettingsError, apply, kernel_check, plan
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import (
+    exit_with, is_live_root, missing_cpu_root, module_runner, roots_mixed)
+from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline import COMMANDS as KERNEL_COMMANDS
+from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline import TREE_COMMANDS, tree_which
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
 
 ARGUMENT_SPEC = dict(
     enable_idle_states=dict(type="bool", default=False),
     idle_state_indexes=dict(type="list", elements="int", default=[]),
     governor=dict(type="str", default=""),
+    remove_kernel_limits=dict(type="bool", default=False),
+    bootloader=dict(type="str", choices=["auto", "grub_debian", "grubby"], default="auto"),
     persist=dict(type="bool", default=True),
     state=dict(type="str", choices=["present", "absent"], default="present"),
     procfs_path=dict(type="path", default="/proc"),
@@ -128,20 +153,31 @@ def main():
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
     _roots(module, procfs, sysfs)
     root = root_of(procfs)
+    live = is_live_root(root)
+    kernel = (module_runner(module, commands=KERNEL_COMMANDS if live else TREE_COMMANDS),
+              module.get_bin_path if live else tree_which(root), live, module.check_mode)
     try:
-        planned = plan(params, sysfs, procfs, root)
+        planned = plan(params, sysfs, procfs, root, kernel=kernel)
         changed = bool(planned["writes"]) or any(a["action"] != "unchanged" for a in planned["actions"])
-        if changed and not module.check_mode:
-            apply(planned, root)
+        if module.check_mode:
+            kresult, kdiff = kernel_check(planned)
+        else:
+            kresult, kdiff = apply(planned, root)
     except SettingsError as exc:
         module.fail_json(msg=str(exc), changed=False, **exc.details)
-    files = [dict((k, a[k]) for k in ("path", "action", "reason")) for a in planned["actions"]]
+    warnings = []
+    result = dict(changed=changed, writes=planned["writes"], notes=planned["notes"],
+                  files=[dict((k, a[k]) for k in ("path", "action", "reason")) for a in planned["actions"]])
+    if kresult is not None:
+        warnings = kresult.pop("warnings", [])
+        result["changed"] = changed or kresult["changed"]
+        result["kernel_cmdline"] = kresult
     diff = [{"before_header": "sysfs", "after_header": "sysfs",
              "before": "".join("%s: %s\n" % (w["path"], w["before"]) for w in planned["writes"]),
              "after": "".join("%s: %s\n" % (w["path"], w["after"]) for w in planned["writes"])}]
     diff += [{"before_header": a["path"], "after_header": a["path"], "before": a["before"], "after": a["after"]}
              for a in planned["actions"] if a["action"] != "unchanged"]
-    exit_with(module, dict(changed=changed, writes=planned["writes"], files=files, notes=planned["notes"]), diff)
+    exit_with(module, result, diff + kdiff, warnings)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,17 @@ options:
       - The CPU lists of C(isolcpus), C(nohz_full), C(rcu_nocbs) and C(irqaffinity) are checked (C(2-3,8), the
         kernel's C(0-15:2/4) groups too; C(N) and C(all) are refused), as are the C(isolcpus) flags.
       - With O(state=absent) only the keys count.
-      - Exactly one of O(parameters) and O(isolate).
+      - O(parameters) or O(remove) (or both), or O(isolate).
+    type: list
+    elements: str
+  remove:
+    description:
+      - Keys to keep off the next boot's command line, for example C(processor.max_cstate), C(intel_idle.max_cstate),
+        C(idle) - what the C(gpunode.tuning.cpu_power) role's C(cpu_power_fix_kernel_limits) passes. Wherever an earlier
+        GRUB file sets one, that token is taken out of its line (only that token) and recorded in the marker; on the
+        RHEL family C(grubby --remove-args). The marker lists each as C(!key), and RV(managed) shows it so.
+      - With O(state=absent) the recorded tokens are put back, byte for byte.
+      - Keys only (no C(=value)); a key may not also be in O(parameters). Not with O(isolate).
     type: list
     elements: str
   isolate:

@@ -13,6 +13,10 @@ and the no-change check; the tests run in file order and build on each other:
      new parameter, the kernel's own isolated list is the IRQ CPUs, the cgroups
      are as before, the IRQs are pinned again; converge changes nothing, check
      mode reports nothing, and no reboot is required any more
+  2b the cpu_power role's kernel-limit fix (cpu_power.yml): an admin's
+     processor.max_cstate=1 in the image's GRUB drop-in leaves the next boot's
+     line, isolcpus= stays; no change again, none in check mode; absent puts
+     the file back byte for byte (then the test undoes its own edit)
   3  state=absent and a second reboot: the drop-ins and the workload slice are
      gone, the cgroups span every CPU again, and /proc/cmdline is the one the
      guest first booted with, token for token
@@ -114,6 +118,52 @@ def test_reboot_through_grub_isolates_the_irq_cpus_and_keeps_the_cpusets():
     res, recap = playbook(check=True, tag="after-reboot-check")
     assert res.returncode == 0 and recap == {NAME: 0}, res.stdout[-3000:]
     STATE["boot_id"] = state["boot_id"]
+
+
+CPU_POWER = Path(__file__).resolve().parents[1] / "cpu_power.yml"
+# The lab image's GRUB drop-in sets GRUB_CMDLINE_LINUX (and empties _DEFAULT): the line an admin's limit goes on.
+GRUB = "/etc/default/grub.d/gpunode-lab.cfg"
+LIMIT = "processor.max_cstate=1"
+
+
+def power(tag):
+    return json.loads((EPHEMERAL / ("cpu-power-%s-%s.json" % (NAME, tag))).read_text())
+
+
+def next_boot_line():
+    """The default entry's linux line of the guest's grub.cfg (the first one: GRUB's default here)."""
+    return ssh(NAME, "grep -m1 -E '^\\s*linux\\s' /boot/grub/grub.cfg").stdout.split()
+
+
+def test_cpu_power_takes_a_c_state_limit_off_grub_next_to_isolcpus_and_absent_puts_it_back():
+    """An admin's processor.max_cstate=1 in the image's GRUB drop-in (update-grub run by hand): the cpu_power role's
+    kernel-limit fix takes that token out of the line (nothing else), the next boot's grub.cfg line loses it and
+    keeps the isolcpus role's parameter, reboot_required; a second run and check mode change nothing; absent gives
+    that file back byte for byte. Then the hand edit is undone, so the next test finds the first line."""
+    ssh(NAME, "cp -p %s /root/grub.before-limit && sed -i 's/^GRUB_CMDLINE_LINUX=\"/&%s /' %s && "
+              "grep -c -- '%s' %s && update-grub 2>/dev/null" % (GRUB, LIMIT, GRUB, LIMIT, GRUB))
+    limited = ssh(NAME, "sha256sum %s" % GRUB).stdout.split()[0]
+    assert LIMIT in next_boot_line()
+    res, recap = playbook(tag="cpu-power", path=CPU_POWER)
+    assert res.returncode == 0 and recap == {NAME: 1}, res.stdout[-3000:]
+    line = next_boot_line()
+    assert LIMIT not in line and STATE["param"] in line, line
+    done = power("cpu-power")
+    # The running kernel never booted with the limit (only grub.cfg had it): the next boot equals it, no reboot.
+    assert done["reboot_required"] is False, done
+    kernel = done["settings"]["kernel_cmdline"]
+    assert "!processor.max_cstate" in kernel["managed"] and STATE["param"] in kernel["managed"], kernel
+    edited = ssh(NAME, "diff /root/grub.before-limit %s || true" % GRUB).stdout
+    assert edited.strip() == "", edited                 # the limit was the only change, and it is gone again
+    for check in (False, True):
+        res, recap = playbook(check=check, tag="cpu-power-again", path=CPU_POWER)
+        assert res.returncode == 0 and recap == {NAME: 0}, res.stdout[-3000:]
+    res, recap = playbook("--extra-vars", "cpu_power_state=absent", tag="cpu-power-absent", path=CPU_POWER)
+    assert res.returncode == 0 and recap == {NAME: 1}, res.stdout[-3000:]
+    assert ssh(NAME, "sha256sum %s" % GRUB).stdout.split()[0] == limited
+    assert LIMIT in next_boot_line() and STATE["param"] in next_boot_line()
+    ssh(NAME, "cp -p /root/grub.before-limit %s && update-grub 2>/dev/null" % GRUB)
+    assert LIMIT not in next_boot_line()
 
 
 def test_absent_and_a_reboot_bring_back_the_first_command_line():

@@ -50,7 +50,7 @@ def test_every_variable_the_role_reads_is_public_or_internal(role):
         if path.suffix in (".yml", ".j2") and path.is_file():
             used |= set(re.findall(r"(?<![_\w.])(%s_[a-z0-9_]+)" % role, path.read_text()))  # not gpunode.tuning.<module>
     status_facts = {"irqbalance_status", "nic_irq_pinning_report", "irqbalance_mode", "irqbalance_banned_cpus",
-                    "cpusets_report", "isolcpus_report", "isolcpus_reboot_required", "cpu_power_report",
+                    "cpusets_report", "isolcpus_report", "isolcpus_reboot_required", "cpu_power_report", "cpu_power_reboot_required",
                     "irqbalance_banned_devices"}
     undeclared = used - declared - status_facts
     assert not undeclared, sorted(undeclared)

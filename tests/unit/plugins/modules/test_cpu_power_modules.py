@@ -142,3 +142,35 @@ def test_settings_refuse_a_captured_sysfs_with_the_live_proc(tmp_path):
     args = dict(node(tmp_path), procfs_path="/proc", enable_idle_states=True)
     kind, res = modharness.run(cpu_power_settings, args)
     assert kind is Fail and "refusing to write" in res["msg"]
+
+
+def test_settings_take_the_kernel_limits_off_with_the_kernel_cmdline_code_and_absent_puts_them_back(tmp_path):
+    """On a tree with the Debian 12 GRUB files and processor.max_cstate=1 intel_idle.max_cstate=0 in
+    /etc/default/grub: the limits leave that line (nothing else does), check mode plans it exactly, a second run and
+    check mode then change nothing, and absent gives the line back byte for byte."""
+    import shutil
+    args = dict(node(tmp_path), remove_kernel_limits=True, bootloader="grub_debian")
+    shutil.copytree(str(FIXTURES.parent / "kernel_cmdline" / "debian12" / "etc"), str(tmp_path / "etc"), dirs_exist_ok=True)
+    grub = tmp_path / "etc/default/grub"
+    limited = grub.read_text().replace('GRUB_CMDLINE_LINUX_DEFAULT="quiet"',
+                                       'GRUB_CMDLINE_LINUX_DEFAULT="quiet processor.max_cstate=1 intel_idle.max_cstate=0"')
+    grub.write_text(limited)
+    (tmp_path / "proc/cmdline").write_text("BOOT_IMAGE=/vmlinuz root=/dev/vda1 ro quiet processor.max_cstate=1 intel_idle.max_cstate=0\n")
+    kind, plan = modharness.run(cpu_power_settings, args, check=True)
+    assert kind is Exit and plan["changed"] is True and grub.read_text() == limited
+    assert plan["kernel_cmdline"]["reboot_required"] is True
+    kind, done = modharness.run(cpu_power_settings, args)
+    assert kind is Exit and done["changed"] is True
+    assert 'GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n' in grub.read_text()
+    assert grub.read_text().replace('GRUB_CMDLINE_LINUX_DEFAULT="quiet"', "X") == limited.replace(
+        'GRUB_CMDLINE_LINUX_DEFAULT="quiet processor.max_cstate=1 intel_idle.max_cstate=0"', "X")
+    assert done["kernel_cmdline"]["configured_after"] == plan["kernel_cmdline"]["configured_after"]
+    assert [t for t in done["kernel_cmdline"]["configured_after"] if "cstate" in t] == []
+    limits = ("intel_idle.max_cstate", "processor.max_cstate", "intel_idle.states_off", "idle", "cpuidle.off")
+    assert done["kernel_cmdline"]["managed"] == ["!" + k for k in limits]
+    for check in (True, False):
+        kind, again = modharness.run(cpu_power_settings, args, check=check)
+        assert kind is Exit and again["changed"] is False, again
+    kind, gone = modharness.run(cpu_power_settings, dict(args, state="absent"))
+    assert kind is Exit and gone["changed"] is True and grub.read_text() == limited
+    assert not (tmp_path / "var/lib/gpunode-tuning/kernel-cmdline.json").exists()

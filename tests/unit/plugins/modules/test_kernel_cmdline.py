@@ -625,3 +625,84 @@ def test_the_default_drop_in_sorts_after_unnumbered_drop_ins_and_99_does_not(tmp
     assert kind is Fail and "gpunode-lab.cfg" in result["msg"] and snapshot(root) == before, result
     kind, result = run(root, proc)
     assert kind is Exit and result["configured_after"][:4] == ["console=ttyS0", "mitigations=off"] + ISOL, result
+
+
+# ------------------------------------------------------------------ remove: keys kept off the command line --
+
+LIMITED = 'GRUB_CMDLINE_LINUX_DEFAULT="quiet processor.max_cstate=1 intel_idle.max_cstate=0"\n'
+
+
+def limited_tree(tmp_path):
+    """The Debian 12 GRUB files with the C-state limits a cloud image or an old tuning guide left in /etc/default/grub."""
+    root, proc = make(tmp_path, "debian12", running=RUNNING.replace("quiet", "quiet processor.max_cstate=1 intel_idle.max_cstate=0"))
+    path = os.path.join(root, "etc/default/grub")
+    text = read(root, "etc/default/grub").replace('GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n', LIMITED)
+    assert LIMITED in text
+    with open(path, "w") as handle:
+        handle.write(text)
+    return root, proc
+
+
+def test_remove_takes_the_keys_out_of_the_line_that_sets_them_and_absent_puts_them_back(tmp_path):
+    root, proc = limited_tree(tmp_path)
+    original = snapshot(root)
+    args = dict(parameters=None, remove=["processor.max_cstate", "intel_idle.max_cstate", "idle"])
+    kind, plan = run(root, proc, check=True, **args)
+    assert kind is Exit and plan["changed"] is True and snapshot(root) == original
+    kind, result = run(root, proc, **args)
+    assert kind is Exit and result["changed"] is True
+    assert read(root, "etc/default/grub").count('GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n') == 1
+    assert not os.path.exists(os.path.join(root, DROPIN))          # nothing to add: no drop-in
+    assert "processor.max_cstate=1" in result["configured_before"]
+    assert [t for t in result["configured_after"] if "max_cstate" in t] == []
+    assert result["managed"] == ["!processor.max_cstate", "!intel_idle.max_cstate", "!idle"]
+    assert result["reboot_required"] is True and plan["configured_after"] == result["configured_after"]
+    assert json.loads(read(root, MARKER))["edits"][0]["removed"] == ["processor.max_cstate=1", "intel_idle.max_cstate=0"]
+    kind, again = run(root, proc, **args)
+    assert kind is Exit and again["changed"] is False
+    kind, back = run(root, proc, parameters=None, remove=["processor.max_cstate", "intel_idle.max_cstate", "idle"],
+                     state="absent")
+    assert kind is Exit and back["changed"] is True and back["managed"] == []
+    now = snapshot(root)
+    assert dict((k, v) for k, v in now.items() if v[0] != "dir") == dict((k, v) for k, v in original.items() if v[0] != "dir")
+
+
+def test_remove_and_set_share_the_marker_with_other_callers(tmp_path):
+    root, proc = limited_tree(tmp_path)
+    kind, first = run(root, proc)                                   # the isolcpus role's keys
+    assert kind is Exit and first["changed"] is True
+    kind, second = run(root, proc, parameters=None, remove=["processor.max_cstate"])
+    assert kind is Exit and second["managed"] == ISOL + ["!processor.max_cstate"]
+    assert read(root, DROPIN) == dropin_text(ISOL)
+    assert "intel_idle.max_cstate=0" in second["configured_after"] and "processor.max_cstate=1" not in second["configured_after"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (dict(remove=["processor.max_cstate=1"]), "remove[0] \"processor.max_cstate=1\": remove takes keys only"),
+    (dict(parameters=["idle=poll"], remove=["idle"]), "idle is in both parameters and remove"),
+    (dict(parameters=None, remove=["a b"]), "remove[0]"),
+])
+def test_remove_bad_input_names_it_and_changes_nothing(tmp_path, args, fragment):
+    root, proc = limited_tree(tmp_path)
+    original = snapshot(root)
+    kind, result = run(root, proc, **args)
+    assert kind is Fail and fragment in result["msg"], result
+    assert snapshot(root) == original
+
+
+def test_grubby_remove_then_absent_gives_the_tokens_back(grubby_host):
+    before = RHEL.replace("rhgb quiet $tuned_params", "rhgb quiet processor.max_cstate=1 $tuned_params")
+    after = RHEL
+    update = ["grubby", "--update-kernel=ALL", "--remove-args=processor.max_cstate=1"]
+    kind, result = grubby_host(reads(before) + [(update, (0, "", ""))] + reads(after) + default_info(after),
+                               parameters=None, remove=["processor.max_cstate"])
+    assert kind is Exit and result["changed"] is True, result
+    recorded = json.loads(grubby_host.marker.read_text())["previous"]
+    assert recorded == {K0: {"processor.max_cstate": ["processor.max_cstate=1"]}, K1: {"processor.max_cstate": []}}
+    kind, result = grubby_host(reads(after), parameters=None, remove=["processor.max_cstate"])
+    assert kind is Exit and result["changed"] is False and result["commands"] == []
+    back = ["grubby", "--update-kernel=%s" % K0, "--args=processor.max_cstate=1"]
+    kind, result = grubby_host(reads(after) + [(back, (0, "", ""))] + reads(before) + default_info(before),
+                               parameters=None, remove=["processor.max_cstate"], state="absent")
+    assert kind is Exit and result["changed"] is True and "processor.max_cstate=1" in result["next_boot_cmdline"]
+    assert not grubby_host.marker.exists()
