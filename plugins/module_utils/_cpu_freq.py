@@ -30,6 +30,7 @@ import struct
 import time
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import format_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, list_dir, read_cpulist, read_int, read_text
 from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import norm, param_key, split_cmdline
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_procfs import parse_proc_stat
@@ -44,12 +45,8 @@ PSTATE_FILES = ("status", "no_turbo", "max_perf_pct", "min_perf_pct", "hwp_dynam
 FREQ_CMDLINE_KEYS = ("intel_pstate", "amd_pstate", "cpufreq.off", "cpufreq.default_governor")
 
 
-class FreqError(ValueError):
+class FreqError(DetailedError):
     """Bad input for the frequency part (a governor the driver does not offer...); ``details`` names the value."""
-
-    def __init__(self, message, **details):
-        super(FreqError, self).__init__(message)
-        self.details = details
 
 
 def read_policies(sysfs):

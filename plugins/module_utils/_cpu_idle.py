@@ -38,6 +38,7 @@ import re
 import struct
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import format_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, list_dir, read_cpulist, read_int, read_text
 from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import norm, param_key, split_cmdline
 
@@ -62,12 +63,8 @@ _CPU_RE = re.compile(r"^cpu(\d+)$")
 TUNED_PROFILE_DIRS = ("etc/tuned/profiles", "etc/tuned", "usr/lib/tuned/profiles", "usr/lib/tuned")
 
 
-class IdleError(ValueError):
+class IdleError(DetailedError):
     """Bad input for the idle part (a CPU or state that does not exist); ``details`` names the value."""
-
-    def __init__(self, message, **details):
-        super(IdleError, self).__init__(message)
-        self.details = details
 
 
 def is_poll(state):

@@ -18,6 +18,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_freq import (
     FreqError, check_governor, judge_freq, judge_measured, measure, read_freq)
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_idle import judge_idle, read_idle
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, format_cpulist, parse_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, read_raw
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._numa_placement import (
@@ -30,12 +31,8 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._virt import detect
 MAX_SAMPLE_SECONDS = 600
 
 
-class CpuPowerError(ValueError):
+class CpuPowerError(DetailedError):
     """Bad input: ``details`` names the option, the value and what was expected."""
-
-    def __init__(self, message, **details):
-        super(CpuPowerError, self).__init__(message)
-        self.details = details
 
 
 def _pct(params, name):

@@ -24,21 +24,20 @@ governor line; the role's check reports that as drift.
 
 from __future__ import annotations
 
+from ansible_collections.gpunode.tuning.plugins.module_utils import _kernel_cmdline as kcmd
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_freq import FreqError, check_governor, read_freq
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_idle import LIMIT_KEYS, IdleError, check_state_indexes, read_idle
-from ansible_collections.gpunode.tuning.plugins.module_utils import _kernel_cmdline as kcmd
-from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import KernelCmdlineError
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, read_text
+from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import KernelCmdlineError
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import PersistError, apply_files, plan_files, rooted
 
 TMPFILES = "/etc/tmpfiles.d/gpunode-cpu-power.conf"
 HEADER = "# Managed by gpunode.tuning (cpu_power_settings). Applied at boot by systemd-tmpfiles.\n"
 
 
-class SettingsError(ValueError):
-    def __init__(self, message, **details):
-        super(SettingsError, self).__init__(message)
-        self.details = details
+class SettingsError(DetailedError):
+    """Bad input; ``details`` names the value."""
 
 
 def tmpfiles_text(indexes, enable_idle, governor):

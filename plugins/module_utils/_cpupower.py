@@ -41,6 +41,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+
 _UNITS_KHZ = {"ghz": 1000000, "mhz": 1000, "khz": 1}
 _FREQ_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(GHz|MHz|kHz)", re.IGNORECASE)
 _LATENCY_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ns|us|ms|s)\b")
@@ -51,21 +53,12 @@ _NO_STATES_RE = re.compile(r"^CPU (\d+): No idle states\s*$")
 _STATE_KEYS = {"flags/description": "description", "flags/desc": "description", "latency": "latency", "usage": "usage", "duration": "duration"}
 
 
-class CpupowerError(ValueError):
+class CpupowerError(DetailedError):
     """Text that is not the cpupower output it was given as.
 
     ``value`` is the offending input (or line of it) and ``expected`` says
     what would have been accepted.
     """
-
-    def __init__(self, message, value=None, expected=None):
-        super(CpupowerError, self).__init__(message)
-        self.value = value
-        self.expected = expected
-
-    @property
-    def details(self):
-        return {"value": self.value, "expected": self.expected}
 
 
 def to_khz(text):

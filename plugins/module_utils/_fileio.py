@@ -15,19 +15,16 @@ from __future__ import annotations
 import os
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, parse_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 
 
-class TreeError(ValueError):
+class TreeError(DetailedError):
     """A root or a procfs/sysfs file that is missing, is not in the kernel's layout, or is not of this system.
 
     ``details`` names the path (and the option, the bad value and what was
     expected) for ``fail_json``. Deliberately not a NicError: a tree that
     cannot be read is an error even where a missing NIC only degrades.
     """
-
-    def __init__(self, message, **details):
-        super(TreeError, self).__init__(message)
-        self.details = details
 
 
 def join(root, *parts):

@@ -38,6 +38,7 @@ import os
 import re
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, format_cpulist, parse_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, list_dir, read_raw, read_text
 from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology
 
@@ -59,20 +60,11 @@ _STACK_RE = re.compile(r"^stack(?::\d+)?$")
 NUMA_BALANCING_NAMES = {0: "disabled", 1: "normal", 2: "memory_tiering", 3: "normal+memory_tiering"}
 
 
-class NumaPlacementError(ValueError):
+class NumaPlacementError(DetailedError):
     """Bad input (a pid, a pattern, a threshold, a numa_maps or numastat line).
 
     ``details`` holds ``value`` (the offending input) and ``expected`` for ``fail_json``.
     """
-
-    def __init__(self, message, value=None, expected=None):
-        super(NumaPlacementError, self).__init__(message)
-        self.value = value
-        self.expected = expected
-
-    @property
-    def details(self):
-        return {"value": self.value, "expected": self.expected}
 
 
 # ------------------------------------------------------------- numa_maps --

@@ -36,6 +36,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, parse_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 
 _ANSI_RE = re.compile(r"(?:\x1b)?\[[0-9;]*m")
 _GPU_RE = re.compile(r"^GPU(\d+)$")
@@ -51,21 +52,12 @@ _NA = ("N/A", "")
 PATH_ORDER = ("NV", "PIX", "PSB", "PXB", "PHB", "NODE", "SOC", "SYS")
 
 
-class TopoError(ValueError):
+class TopoError(DetailedError):
     """Text that is not an ``nvidia-smi topo -m`` matrix, or one that does not line up.
 
     ``value`` is the offending input (or line of it) and ``expected`` says
     what would have been accepted.
     """
-
-    def __init__(self, message, value=None, expected=None):
-        super(TopoError, self).__init__(message)
-        self.value = value
-        self.expected = expected
-
-    @property
-    def details(self):
-        return {"value": self.value, "expected": self.expected}
 
 
 def _is_header(tokens):

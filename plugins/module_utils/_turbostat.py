@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+
 _INT_RE = re.compile(r"^-?\d+$")
 _FLOAT_RE = re.compile(r"^-?(?:\d+\.\d*|\.\d+)(?:[eE][-+]?\d+)?$")
 _HEX_RE = re.compile(r"^0x[0-9a-fA-F]+$")
@@ -49,21 +51,12 @@ _PKG_CSTATE_RE = re.compile(r"^Pk(?:g)?%pc(\d+)$")
 _MODULE_CSTATE_RE = re.compile(r"^Mod%c(\d+)$")
 
 
-class TurbostatError(ValueError):
+class TurbostatError(DetailedError):
     """Text that is not turbostat's table, or a table a helper cannot use.
 
     ``value`` is the offending input (or the offending line of it) and
     ``expected`` says what would have been accepted.
     """
-
-    def __init__(self, message, value=None, expected=None):
-        super(TurbostatError, self).__init__(message)
-        self.value = value
-        self.expected = expected
-
-    @property
-    def details(self):
-        return {"value": self.value, "expected": self.expected}
 
 
 def _split(line, tabs):
