@@ -1,0 +1,51 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Controller-side nccl-tests filters. Documentation: the YAML files beside this one."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._nccl_tests import (
+    NcclTestsError,
+    compare_busbw,
+    parse_nccl_tests,
+    sweep_compare,
+)
+
+
+def _wrap(func):
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except NcclTestsError as exc:
+            raise AnsibleFilterError("%s (%s: got %r, expected %s)" % (exc, func.__name__, exc.value, exc.expected))
+
+    wrapper.__name__ = func.__name__
+    wrapper.__doc__ = func.__doc__
+    return wrapper
+
+
+def nccl_tests_parse(value):
+    return parse_nccl_tests(value)
+
+
+def nccl_tests_compare(value, thresholds, placement="out_of_place", test=None, datatype=None, redop=None, aggregate="min"):
+    return compare_busbw(value, thresholds, placement=placement, test=test, datatype=datatype, redop=redop, aggregate=aggregate)
+
+
+def nccl_tests_sweep(value, baseline, sizes=None, margin_pct=5.0, placement="out_of_place", test=None, datatype=None, redop=None,
+                     aggregate="median"):
+    return sweep_compare(value, baseline, sizes=sizes, margin_pct=margin_pct, placement=placement, test=test, datatype=datatype,
+                         redop=redop, aggregate=aggregate)
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            "nccl_tests_parse": _wrap(nccl_tests_parse),
+            "nccl_tests_compare": _wrap(nccl_tests_compare),
+            "nccl_tests_sweep": _wrap(nccl_tests_sweep),
+        }
