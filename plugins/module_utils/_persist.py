@@ -346,7 +346,9 @@ def plan_files(files, remove=(), root="/", diff_skip=()):
     return actions
 
 
-def _write_atomic(path, data, mode):
+def write_atomic(path, data, mode, owner=(0, 0)):
+    """Write ``data`` to ``path`` through a temporary file in its directory, fsync'd and renamed over it, with
+    ``mode`` and (when running as root) ``owner`` (uid, gid)."""
     directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
     try:
@@ -355,7 +357,7 @@ def _write_atomic(path, data, mode):
             handle.flush()
             os.fchmod(handle.fileno(), mode)
             if os.geteuid() == 0:
-                os.fchown(handle.fileno(), 0, 0)
+                os.fchown(handle.fileno(), owner[0], owner[1])
             os.fsync(handle.fileno())
         os.rename(tmp, path)
     except BaseException:
@@ -388,7 +390,7 @@ def apply_files(files, actions, root="/", write=None, prune_within=None):
     write every file already written is put back (or removed) and the error raised.
     Directories that removals left empty are removed up to and including
     ``prune_within`` (the lib dir), never above it."""
-    write = write or _write_atomic
+    write = write or write_atomic
     done, created_dirs = [], []
     try:
         for act in actions:
@@ -423,7 +425,7 @@ def _rollback(done, created_dirs):
             if old is None:
                 os.unlink(path)
             elif old["regular"]:
-                _write_atomic(path, old["data"], old["mode"])
+                write_atomic(path, old["data"], old["mode"])
                 if os.geteuid() == 0:
                     os.chown(path, old["owner"][0], old["owner"][1])
         except OSError:

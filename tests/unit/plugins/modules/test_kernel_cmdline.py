@@ -308,7 +308,7 @@ def test_a_failed_write_rolls_back_every_file(tmp_path):
     def write(path, data, mode):
         if path.endswith("kernel-cmdline.json"):
             raise OSError(28, "No space left on device")
-        _persist._write_atomic(path, data, mode)
+        _persist.write_atomic(path, data, mode)
 
     with pytest.raises(KernelCmdlineError) as exc:
         K.converge(params(root), sh_run, False, False, K.tree_which(root), procfs=proc, write=write)

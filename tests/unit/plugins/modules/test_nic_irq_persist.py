@@ -147,7 +147,7 @@ def test_a_failed_write_rolls_back_every_file(lab, monkeypatch):
     run(args(lab, recheck_interval=""))
     before = snapshot(lab.root)
     calls = []
-    real = _persist._write_atomic
+    real = _persist.write_atomic
 
     def flaky(path, data, mode):
         calls.append(path)
@@ -155,10 +155,10 @@ def test_a_failed_write_rolls_back_every_file(lab, monkeypatch):
             raise OSError(28, "No space left on device")
         real(path, data, mode)
 
-    monkeypatch.setattr(_persist, "_write_atomic", flaky)
+    monkeypatch.setattr(_persist, "write_atomic", flaky)
     kind, res = run(args(lab, recheck_interval="1min", timeout=45))
     assert kind is Fail and "rolled back" in res["msg"] and "No space left" in res["msg"], res["msg"]
-    monkeypatch.setattr(_persist, "_write_atomic", real)
+    monkeypatch.setattr(_persist, "write_atomic", real)
     assert snapshot(lab.root) == before
 
 
