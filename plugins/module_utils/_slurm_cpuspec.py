@@ -308,6 +308,23 @@ def prerequisites(conf, cgroup, options):
     return checks
 
 
+def mem_spec_check(conf, cgroup, lines):
+    """For nodes with ``MemSpecLimit``: it confines slurmd only with ``ConstrainRAMSpace=yes`` and memory as a
+    consumable resource (``SelectTypeParameters`` with ``Memory``). Reported, never set; None when no node has it."""
+    limits = sorted(set("%s on %s" % (line.attr("MemSpecLimit")[0], line.where) for line in lines if line.attr("MemSpecLimit")[0]))
+    if not limits:
+        return None
+    ram = None
+    if cgroup["conf"] is not None:
+        ram = cgroup["conf"].get("ConstrainRAMSpace")[0]
+    params, dummy, dummy2, dummy3 = conf.get("SelectTypeParameters")
+    ok = (ram or "").lower() in TRUE_WORDS and "memory" in (params or "").lower()
+    return {"name": "mem_spec_limit", "ok": ok, "current": "; ".join(limits), "where": cgroup["path"],
+            "wanted": "ConstrainRAMSpace=yes in cgroup.conf and SelectTypeParameters with Memory (now %s, %s)" % (
+                "ConstrainRAMSpace=%s" % ram if ram is not None else "ConstrainRAMSpace unset", params or "SelectTypeParameters unset"),
+            "fix": None}
+
+
 def _set_global(conf_obj, texts, key, value):
     """Set global ``key`` in the file that sets it last, else in the main file before its first object line."""
     dummy, path, entry, dummy2 = conf_obj.get(key)
@@ -380,6 +397,7 @@ def plan(params, root="/"):
     cgroup_edits = {}
     if state == "present":
         checks = prerequisites(conf, cgroup, params)
+        memspec = mem_spec_check(conf, cgroup, [index[n["name"]] for n in nodes])
         missing = [c for c in checks if not c["ok"]]
         allowed = {"task_cgroup", "select_cons_tres", "constrain_cores"} if params.get("set_prerequisites") else set()
         if params.get("slurmd_off_spec"):
@@ -399,6 +417,10 @@ def plan(params, root="/"):
             else:
                 check["set_in"] = _plan_cgroup(cgroup, cgroup_edits, key, value)
             check["action"] = "set"
+        if memspec is not None:
+            checks.append(memspec)
+            if not memspec["ok"]:
+                warnings.append("MemSpecLimit is set (%s) but confines slurmd only with %s" % (memspec["current"], memspec["wanted"]))
     files = {}
     for path, change in edits.items():
         before = conf.files[path].render()

@@ -26,7 +26,9 @@ description:
     C(ConstrainCores=yes) in C(cgroup.conf), C(SelectType=select/cons_tres), and no C(CoreSpecCount) on the node
     (CpuSpecList and CoreSpecCount on one node is an error in Slurm). Without them CpuSpecList has no effect, so a missing
     one fails the module with nothing written, unless O(set_prerequisites) sets it (or O(require_prerequisites=false)
-    turns the failure into a warning). Nothing is set silently.
+    turns the failure into a warning). Nothing is set silently. A node with C(MemSpecLimit) is also checked for
+    C(ConstrainRAMSpace=yes) and memory as a consumable resource (C(SelectTypeParameters) with C(Memory)), without
+    which it does not confine slurmd; that one is reported and warned about, never set.
   - Everything is read and checked before anything is written - an unknown node, a CPU the node does not have, a
     malformed hostlist, a file that does not parse, a node on two lines, CoreSpecCount on the node, a reservation
     that leaves the node no CPU for jobs.

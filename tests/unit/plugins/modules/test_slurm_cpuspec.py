@@ -240,3 +240,13 @@ def test_verify_needs_the_live_root(tmp_path):
     root = lab_tree(tmp_path)
     kind, result = modharness.run(slurm_cpuspec, params(root, verify=True))
     assert kind is Fail and "verify asks the running slurmctld" in result["msg"]
+
+
+def test_mem_spec_limit_without_ram_constraint_is_reported_not_set(tmp_path):
+    root = lab_tree(tmp_path, **{"nodes.conf": [("RealMemory=900", "RealMemory=900 MemSpecLimit=200")]})
+    result, dummy, warnings = S.converge(params(root), False)
+    memspec = [p for p in result["prerequisites"] if p["name"] == "mem_spec_limit"]
+    assert memspec and not memspec[0]["ok"] and memspec[0]["current"] == "200 on /etc/slurm/nodes.conf line 3"
+    assert any("MemSpecLimit is set (200 on /etc/slurm/nodes.conf line 3) but confines slurmd only with ConstrainRAMSpace=yes" in w
+               for w in warnings), warnings
+    assert "ConstrainRAMSpace" not in read(root, "cgroup.conf")
