@@ -8,8 +8,9 @@ host that never reached the container. The tests run in file order:
 
   1  podman with the CDI device: the variable and a file with the host's
      checksum; without the device: neither (the case-study failure)
-  2  enroot start: the same through mounts.d/environ.d, and nccl.conf too;
-     without the module's two entries: neither
+  2  enroot start and a pyxis job (srun --container-image): the same through
+     mounts.d/environ.d, and nccl.conf too; without the module's two entries:
+     neither
   3  the mount taken away by hand: the role's verification fails, naming the
      file as the missing half, and check mode wrote nothing back
   4  state=absent removes every file the module wrote
@@ -46,6 +47,11 @@ def enroot():
                      "enroot start probe sh -c '%s'; enroot remove -f probe >/dev/null 2>&1" % PROBE, check=False).stdout
 
 
+def pyxis():
+    """A Slurm job in an enroot container through pyxis (srun --container-image)."""
+    return ssh(NAME, "timeout 120 srun --container-image=/root/bb.sqsh sh -c '%s'" % PROBE, check=False).stdout
+
+
 def nccl_report():
     return json.loads((EPHEMERAL / ("nccl-%s-run.json" % NAME)).read_text())
 
@@ -65,10 +71,14 @@ def test_enroot_sees_both_through_mounts_d_and_environ_d_and_neither_without_the
     seen = enroot()
     assert "VAR=/etc/nccl/topo.xml" in seen and SHA in seen and "NCCL_IB_SPLIT_DATA_ON_QPS=0" in seen, seen
     assert ssh(NAME, "cat %s" % CONF).stdout.splitlines()[1:] == ["NCCL_IB_QPS_PER_CONNECTION=4", "NCCL_IB_SPLIT_DATA_ON_QPS=0"]
+    job = pyxis()
+    assert "VAR=/etc/nccl/topo.xml" in job and SHA in job and "NCCL_IB_QPS_PER_CONNECTION=4" in job, job
     ssh(NAME, "mkdir -p /root/away && mv %s %s /root/away/" % (FSTAB, ENV))
     try:
         bare = enroot()
         assert "VAR=\n" in bare and SHA not in bare, bare
+        job = pyxis()
+        assert "VAR=\n" in job and SHA not in job, job
     finally:
         ssh(NAME, "mv /root/away/* /etc/enroot/mounts.d/ && mv /etc/enroot/mounts.d/50-gpunode-nccl.env /etc/enroot/environ.d/")
 
