@@ -115,6 +115,16 @@ def queue_cpus(data):
     return out
 
 
+def cpus(text):
+    """A Linux CPU list (``0-3,6``) as a set of ints; written here independently of the collection's parser."""
+    out = set()
+    for part in (text or "").strip().split(","):
+        if part:
+            low, high = (part.split("-") + [part])[:2]
+            out |= set(range(int(low), int(high) + 1))
+    return out
+
+
 def host(name):
     return testinfra.get_host("ansible://%s" % name, ansible_inventory=INVENTORY)
 

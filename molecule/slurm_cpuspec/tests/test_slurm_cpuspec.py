@@ -26,20 +26,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
-from labtest import EPHEMERAL, GPU, SCENARIO, playbook, report, ssh  # noqa: E402
+from labtest import EPHEMERAL, GPU, SCENARIO, cpus, playbook, report, ssh  # noqa: E402
 
 NAME = GPU["name"]
 FILES = ("/etc/slurm/slurm.conf", "/etc/slurm/nodes.conf", "/etc/slurm/cgroup.conf")
 ADMIN = SCENARIO / "files"
-
-
-def cpus(text):
-    out = set()
-    for part in (text or "").strip().split(","):
-        if part:
-            low, high = (part.split("-") + [part])[:2]
-            out |= set(range(int(low), int(high) + 1))
-    return out
 
 
 def slurm_report(tag):

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
-from labtest import EPHEMERAL, GPU, playbook, probe, queue_cpus, reboot, report, ssh  # noqa: E402
+from labtest import EPHEMERAL, GPU, cpus, playbook, probe, queue_cpus, reboot, report, ssh  # noqa: E402
 
 NAME = GPU["name"]
 ALL = set(range(8))
@@ -37,15 +37,6 @@ DROPIN = "/etc/default/grub.d/zz-gpunode-tuning.cfg"
 SLICE = "gpunode-workload.slice"
 UNITS = ("system.slice", "user.slice", "init.scope")
 STATE = {}          # facts the later tests need from the earlier ones
-
-
-def cpus(text):
-    out = set()
-    for part in (text or "").strip().split(","):
-        if part:
-            low, high = (part.split("-") + [part])[:2]
-            out |= set(range(int(low), int(high) + 1))
-    return out
 
 
 def fences(tag):
