@@ -1,0 +1,110 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""nvidia-smi -q -x parsing over real captures (tests/unit/fixtures/gpu_health/nvidia_smi, see the README there)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._nvidia_smi import NvidiaSmiError, gpu_findings, parse_nvidia_smi, to_number
+
+CAPTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu_health" / "nvidia_smi"
+
+
+def _text(name):
+    return (CAPTURES / name).read_text()
+
+
+CASES = [
+    ("telegraf_a100-sxm4-v12.xml", "v12", "535.54.03", "NVIDIA A100-SXM4-80GB", "clocks_event_reasons", (1275, 1410), (67.03, 500.0), (27, 89)),
+    ("telegraf_tesla-t4.xml", "v11", "515.105.01", "Tesla T4", "clocks_throttle_reasons", (585, 1590), (26.78, 70.0), (40, 93)),
+    ("telegraf_quadro-p400.xml", None, "418.43", "Quadro P400", "clocks_throttle_reasons", (139, 1252), (None, None), (33, 100)),
+    ("telegraf_rtx-4000-sff-ada-v13.xml", "v13", "595.84", "NVIDIA RTX 4000 SFF Ada Generation", "clocks_event_reasons",
+     (None, None), (8.44, 70.0), (38, None)),
+]
+
+
+@pytest.mark.parametrize("name, dtd, driver, product, source, clocks, power, temp", CASES)
+def test_real_captures(name, dtd, driver, product, source, clocks, power, temp):
+    parsed = parse_nvidia_smi(_text(name))
+    assert (parsed["dtd_version"], parsed["driver_version"]) == (dtd, driver)
+    gpu = parsed["gpus"][0]
+    assert gpu["product_name"] == product
+    assert gpu["throttle_source"] == source
+    if clocks[0] is not None:
+        assert (gpu["clocks"]["graphics"], gpu["max_clocks"]["graphics"]) == clocks
+    assert (gpu["power"]["draw"], gpu["power"]["limit"]) == power
+    assert (gpu["temperature"]["gpu"], gpu["temperature"]["slowdown"]) == temp
+    statuses = {f["check"]: f["status"] for f in gpu_findings(parsed)}
+    assert statuses["ecc_uncorrectable"] in ("pass", "not_applicable")
+    assert statuses["clock_event_reasons"] == "pass"
+
+
+def test_a100_mig_file_details():
+    gpu = parse_nvidia_smi(_text("telegraf_a100-sxm4-v12.xml"))["gpus"][0]
+    assert gpu["pci_bus_id"] == "00000000:01:00.0" and gpu["uuid"].startswith("GPU-513536b6")
+    assert gpu["remapped_rows"] is None and gpu["retired_pages"]["pending"] is None
+    assert gpu["ecc"]["aggregate"]["dram_uncorrectable"] == 0
+    statuses = {f["check"]: f["status"] for f in gpu_findings({"gpus": [gpu]})}
+    assert statuses == {"remapped_rows": "not_applicable", "retired_pages": "not_applicable", "ecc_uncorrectable": "pass",
+                        "clock_event_reasons": "pass", "persistence_mode": "warn", "temperature": "pass"}
+
+
+def test_old_layout_single_double_bit_and_idle_is_benign():
+    gpu = parse_nvidia_smi(_text("telegraf_quadro-p400.xml"))["gpus"][0]
+    assert gpu["ecc"]["volatile"] == {"single_bit": None, "double_bit": None}
+    assert gpu["active_throttle_reasons"] == ["gpu_idle"]
+
+
+def test_v13_remapped_rows_and_tlimit_only_temperature():
+    gpu = parse_nvidia_smi(_text("telegraf_rtx-4000-sff-ada-v13.xml"))["gpus"][0]
+    assert gpu["remapped_rows"] == {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
+    assert gpu["persistence_mode"] is True
+    statuses = {f["check"]: f["status"] for f in gpu_findings({"gpus": [gpu]})}
+    assert statuses["remapped_rows"] == "pass" and statuses["temperature"] == "not_applicable"
+
+
+def _derived(replacements, name="telegraf_rtx-4000-sff-ada-v13.xml"):
+    text = _text(name)
+    for old, new in replacements:
+        assert old in text
+        text = text.replace(old, new, 1)
+    return {f["check"]: f for f in gpu_findings(parse_nvidia_smi(text))}
+
+
+def test_derived_failures():
+    found = _derived([
+        ("<remapped_row_pending>No</remapped_row_pending>", "<remapped_row_pending>Yes</remapped_row_pending>"),
+        ("<clocks_event_reason_hw_slowdown>Not Active", "<clocks_event_reason_hw_slowdown>Active"),
+    ])
+    assert found["remapped_rows"]["status"] == "fail" and found["clock_event_reasons"]["status"] == "fail"
+    found = _derived([("<clocks_throttle_reason_sw_power_cap>Not Active", "<clocks_throttle_reason_sw_power_cap>Active"),
+                      ("<gpu_temp>40 C</gpu_temp>", "<gpu_temp>93 C</gpu_temp>"),
+                      ("<pending_retirement>No", "<pending_retirement>Yes")], "telegraf_tesla-t4.xml")
+    assert found["clock_event_reasons"]["status"] == "warn"
+    assert found["temperature"]["status"] == "fail" and found["retired_pages"]["status"] == "fail"
+
+
+def test_uncorrectable_ecc_fails():
+    found = _derived([("<dram_uncorrectable>0</dram_uncorrectable>", "<dram_uncorrectable>2</dram_uncorrectable>")], "telegraf_tesla-t4.xml")
+    assert found["ecc_uncorrectable"]["status"] == "fail" and "2 volatile" in found["ecc_uncorrectable"]["message"]
+
+
+@pytest.mark.parametrize("text, value", [("", ""), ("not xml <", "not xml <"), ("<foo/>", "foo")])
+def test_bad_input(text, value):
+    with pytest.raises(NvidiaSmiError) as err:
+        parse_nvidia_smi(text)
+    assert err.value.expected
+    if value == "foo":
+        assert err.value.value == "foo"
+
+
+def test_values():
+    assert to_number("1410 MHz") == 1410 and to_number("67.04 W") == 67.04 and to_number("[N/A]") is None
+    with pytest.raises(NvidiaSmiError) as err:
+        to_number("fast MHz", "clocks.sm_clock")
+    assert err.value.value == "fast MHz"
