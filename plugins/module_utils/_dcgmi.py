@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._findings import finding
 
 _CATEGORY_RE = re.compile(r"^[|+]-+\s+(\S.*?)\s+-+\+-*[|+]$")
 _BORDER_RE = re.compile(r"^\+[-=+]+\+$")
@@ -139,12 +140,6 @@ def dcgm_findings(parsed):
             fix = "read the nvvs/DCGM logs, reset the GPU and rerun dcgmi diag; a repeated hardware failure needs an RMA"
         elif status == "not_applicable":
             fix = "find out why the test was skipped (level, allow-list, MIG, permissions) and run it"
-        findings.append({
-            "check": "dcgm:%s" % test["name"],
-            "gpu": bad_gpus or None,
-            "status": status,
-            "message": message,
-            "evidence": {"category": test["category"], "result": test["result"], "scope": test["scope"], "gpus": test["gpus"], "details": test["details"]},
-            "fix": fix,
-        })
+        evidence = {"category": test["category"], "result": test["result"], "scope": test["scope"], "gpus": test["gpus"], "details": test["details"]}
+        findings.append(finding("dcgm:%s" % test["name"], status, message, evidence=evidence, fix=fix, gpu=bad_gpus or None))
     return findings

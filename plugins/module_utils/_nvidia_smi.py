@@ -31,6 +31,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._findings import finding
 
 _NUMBER_RE = re.compile(r"^(-?\d+(?:\.\d+)?)(?:\s*[A-Za-z%/()]+(?:\s*[A-Za-z%/()]+)*)?$")
 _DTD_RE = re.compile(r"nvsmi_device_(v\d+)\.dtd")
@@ -249,7 +250,7 @@ def parse_nvidia_smi(text):
 
 
 def _finding(check, gpu, status, message, evidence, fix=None):
-    return {"check": check, "gpu": gpu["pci_bus_id"], "status": status, "message": message, "evidence": evidence, "fix": fix}
+    return finding(check, status, message, evidence=evidence, fix=fix, gpu=gpu["pci_bus_id"])
 
 
 def _row_remap(gpu):

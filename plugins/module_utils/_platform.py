@@ -35,11 +35,12 @@ import re
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, list_dir, read_int, read_text
+from ansible_collections.gpunode.tuning.plugins.module_utils._findings import STATUSES, FindingError  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.gpunode.tuning.plugins.module_utils._findings import finding as _finding
 from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import norm, split_cmdline
 from ansible_collections.gpunode.tuning.plugins.module_utils._virt import architecture as cpuinfo_architecture
 from ansible_collections.gpunode.tuning.plugins.module_utils._virt import detect_virt
 
-STATUSES = ("pass", "warn", "fail", "not_applicable", "unknown")
 MACHINE_ALIASES = {"arm64": "aarch64", "aarch64": "aarch64", "x86_64": "x86_64", "amd64": "x86_64"}
 GRACE_PAGE_SIZE = 65536
 THP_DEFRAG_CURRENT = ("always", "defer", "defer+madvise", "madvise", "never")
@@ -71,11 +72,11 @@ class PlatformError(DetailedError):
 
 
 def finding(check, status, message, evidence=None, fix=None):
-    """One finding; ``status`` must be one of :data:`STATUSES`."""
-    if status not in STATUSES:
-        raise PlatformError("finding status %r is not one of %s" % (status, ", ".join(STATUSES)),
-                            value=status, expected=list(STATUSES))
-    return {"check": check, "status": status, "message": message, "evidence": list(evidence or []), "fix": fix}
+    """One finding (``_findings.finding``), its evidence a list of lines; a bad status is a PlatformError."""
+    try:
+        return _finding(check, status, message, evidence=list(evidence or []), fix=fix)
+    except FindingError as exc:
+        raise PlatformError(str(exc), **exc.details)
 
 
 def _text_arg(option, value):

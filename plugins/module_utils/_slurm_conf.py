@@ -33,6 +33,7 @@ import os
 import re
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._persist import rooted
 
 # Lines whose first key makes the whole line one object (read_config.c's "expline" handlers).
 OBJECT_KEYS = ("nodename", "partitionname", "nodeset", "frontendname", "downnodes", "switchname", "slurmctldhost")
@@ -189,13 +190,9 @@ def parse_text(text, path="slurm.conf"):
 
 # ------------------------------------------------------------------ reading --
 
-def _rooted(root, path):
-    return os.path.join(root, path.lstrip("/")) if root not in ("", "/") else path
-
-
 def _read(root, path, what):
     try:
-        with open(_rooted(root, path), "rb") as handle:
+        with open(rooted(root, path), "rb") as handle:
             data = handle.read()
     except (IOError, OSError) as exc:
         raise SlurmConfError("cannot read %s %s: %s" % (what, path, exc), path=path, value=path, expected="a readable file")

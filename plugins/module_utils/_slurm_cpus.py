@@ -63,7 +63,8 @@ class SlurmCpuError(DetailedError):
     """
 
 
-def _cpus(value, what):
+def cpu_list(value, what):
+    """``value`` (a CPU list, an int or a list of ints) as sorted CPUs; SlurmCpuError naming ``what`` otherwise."""
     try:
         return parse_cpulist(value)
     except CpuListError as exc:
@@ -389,13 +390,13 @@ def _from_groups(data, socket_by, only_cpus):
                             expected="{'sockets': ['0-23,48-71', '24-47,72-95'], 'cores': ['0,48', '1,49', ...]}")
     cpus = {}
     for index, group in enumerate(sockets):
-        for cpu in _cpus(group, "socket %d" % index):
+        for cpu in cpu_list(group, "socket %d" % index):
             if cpu in cpus:
                 raise SlurmCpuError("CPU %d is in two sockets" % cpu, value=data["sockets"], expected="disjoint CPU lists, one per socket")
             cpus[cpu] = {"levels": {"package": index}}
     seen = set()
     for group in cores:
-        members = _cpus(group, "core")
+        members = cpu_list(group, "core")
         if not members:
             raise SlurmCpuError("empty core in the topology", value=group, expected="a non-empty CPU list per core")
         for cpu in members:
@@ -411,7 +412,7 @@ def _from_groups(data, socket_by, only_cpus):
         raise SlurmCpuError("CPUs %s are in a socket but in no core" % format_cpulist(missing), value=missing, expected="every socket CPU in one core")
     for key, option in (("numa_node", "numa_nodes"), ("l3cache", "l3cache")):
         for index, group in enumerate(data.get(option) or []):
-            for cpu in _cpus(group, "%s %d" % (option, index)):
+            for cpu in cpu_list(group, "%s %d" % (option, index)):
                 if cpu in cpus:
                     cpus[cpu]["levels"][key] = (key, index)
     return build_view(cpus, socket_by=socket_by, only_cpus=only_cpus, source="topology")
@@ -484,7 +485,7 @@ def build_view(cpus, socket_by="package", only_cpus=None, excluded=None, notes=N
     notes = list(notes or [])
     excluded = dict(excluded or {})
     if only_cpus is not None:
-        keep = set(_cpus(only_cpus, "only_cpus"))
+        keep = set(cpu_list(only_cpus, "only_cpus"))
         unknown = sorted(keep - set(cpus) - set(excluded))
         if unknown:
             raise SlurmCpuError("only_cpus %s are not online CPUs of this node (online: %s)" % (format_cpulist(unknown), format_cpulist(sorted(cpus))),
@@ -610,7 +611,7 @@ def _nests(groups, cpus, upper_levels):
 
 
 def _os_cpus(view, os_cpus, what="os_cpus"):
-    cpus = _cpus(os_cpus, what)
+    cpus = cpu_list(os_cpus, what)
     for cpu in cpus:
         if cpu not in view["os_to_abstract"]:
             why = view["excluded"].get(cpu)
@@ -629,7 +630,7 @@ def os_to_abstract(view, os_cpus):
 
 def abstract_to_os(view, abstract):
     """Sorted Linux CPU ids of the Slurm abstract ids ``abstract``."""
-    ids = _cpus(abstract, "abstract CPU ids")
+    ids = cpu_list(abstract, "abstract CPU ids")
     bad = [i for i in ids if i >= view["cpus"]]
     if bad:
         raise SlurmCpuError("abstract CPU id %d is not below the node's %d CPUs" % (bad[0], view["cpus"]), value=bad[0],
@@ -815,7 +816,7 @@ def node_spec(node):
         ids = []
         text = None if text != "" else text
     else:
-        ids = _cpus(text, "CPUSpecList of node %s" % node["NodeName"])
+        ids = cpu_list(text, "CPUSpecList of node %s" % node["NodeName"])
     result = {
         "name": node["NodeName"],
         "cpu_tot": _int_field(node, "CPUTot"),

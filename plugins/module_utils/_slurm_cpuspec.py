@@ -30,7 +30,7 @@ import os
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, format_cpulist, parse_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._hostlist import HostlistError, compress, expand
-from ansible_collections.gpunode.tuning.plugins.module_utils._persist import write_atomic
+from ansible_collections.gpunode.tuning.plugins.module_utils._persist import PersistError, apply_files, rooted, write_atomic
 from ansible_collections.gpunode.tuning.plugins.module_utils._slurm_conf import (
     Conf,
     line_ending,
@@ -39,7 +39,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._slurm_conf import 
     remove_key,
     set_value,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._slurm_cpus import SlurmCpuError, cpu_spec_list, parse_scontrol_nodes, topology_view
+from ansible_collections.gpunode.tuning.plugins.module_utils._slurm_cpus import SlurmCpuError, cpu_list, cpu_spec_list, parse_scontrol_nodes, topology_view
 
 # Attributes that name one thing per node of the line: they are split with NodeName.
 PER_NODE_KEYS = ("nodehostname", "nodeaddr")
@@ -48,13 +48,6 @@ TRUE_WORDS = ("yes", "true", "1", "up")
 
 class CpuSpecError(DetailedError):
     """Bad input or a configuration the plan cannot be made on; nothing was written."""
-
-
-def _cpus(value, what):
-    try:
-        return parse_cpulist(value if not isinstance(value, list) else ",".join(str(v) for v in value))
-    except (CpuListError, TypeError, ValueError) as exc:
-        raise CpuSpecError("%s %r is not a CPU list: %s" % (what, value, exc), value=value, expected="a CPU list such as 4-5,8")
 
 
 # ------------------------------------------------------------ the node lines --
@@ -139,8 +132,8 @@ def desired_nodes(nodes, index, state):
             if item.get("cpus") in (None, "", []):
                 raise CpuSpecError("node %s has no cpus: expected the OS CPU ids to keep for the system" % name, value=item.get("cpus"),
                                    expected="a CPU list such as 4-5")
-            os_cpus = _cpus(item["cpus"], "node %s cpus" % name)
             try:
+                os_cpus = cpu_list(item["cpus"], "node %s cpus" % name)
                 view = topology_view(item.get("topology"), name=name)
                 by_core = _cpus_are_cores(line, view)
                 spec = cpu_spec_list(view, os_cpus, cpus_are_cores=by_core)
@@ -362,8 +355,7 @@ def _render(conf_obj, path, edits):
 # --------------------------------------------------------------------- plan --
 
 def read_cgroup(path, root):
-    full = os.path.join(root, path.lstrip("/")) if root not in ("", "/") else path
-    if not os.path.exists(full):
+    if not os.path.exists(rooted(root, path)):
         return {"path": path, "conf": None}
     conf = Conf(path, root)
     return {"path": path, "conf": conf}
@@ -432,7 +424,7 @@ def plan(params, root="/"):
     for path, (before, after) in list(files.items()):
         if before == after:
             del files[path]
-        elif path != cgroup["path"]:
+        else:
             parse_text(after, path)          # what is written must read back
     return {"files": files, "nodes": nodes, "prerequisites": checks, "warnings": warnings,
             "conf_files": list(conf.files), "cgroup_conf": cgroup["path"]}
@@ -468,47 +460,39 @@ def verify_scontrol(records, nodes):
 
 # -------------------------------------------------------------------- apply --
 
-def _rooted(root, path):
-    return os.path.join(root, path.lstrip("/")) if root not in ("", "/") else path
-
-
 def apply(files, root="/", backup=None, write=None):
-    """Write each planned file atomically, keeping its mode and owner (a new one: 0644 root); with ``backup``
-    (a function path -> backup path) each existing file is copied first. All or nothing: a failed write puts
-    the files already written back. Returns {path: backup path}."""
+    """Write each planned file with ``_persist.apply_files`` (atomic, all or nothing: a failed write puts the
+    files already written back), keeping each file's mode and owner (a new one: 0644 root); with ``backup`` (a
+    function path -> backup path) each existing file is copied first. Returns {path: backup path}."""
     write = write or write_atomic
-    done, backups = [], {}
+    data, actions, owners, backups = {}, [], {}, {}
     for path in sorted(files):
-        full = _rooted(root, path)
+        full = rooted(root, path)
         if os.path.lexists(full) and not os.path.isfile(full):
             raise CpuSpecError("%s is not a regular file" % path, path=path, value=path, expected="a regular file")
+        stat = os.stat(full) if os.path.exists(full) else None
+        data[path] = (files[path][1].encode("utf-8"), stat.st_mode & 0o7777 if stat else 0o644)
+        owners[full] = (stat.st_uid, stat.st_gid) if stat else (0, 0)
+        actions.append({"path": path, "action": "update" if stat else "create"})
+    errors = []
+
+    def write_keeping_owner(full, content, mode):
+        try:
+            write(full, content, mode, owners[full])
+        except (IOError, OSError) as exc:
+            errors.append(exc)
+            raise
+
     try:
-        for path in sorted(files):
-            full = _rooted(root, path)
-            before, after = files[path]
-            stat = os.stat(full) if os.path.exists(full) else None
-            mode = stat.st_mode & 0o7777 if stat else 0o644
-            owner = (stat.st_uid, stat.st_gid) if stat else (0, 0)
-            old = None
-            if stat is not None:
-                with open(full, "rb") as handle:
-                    old = handle.read()
-                if backup is not None:
-                    backups[path] = backup(full)
-            write(full, after.encode("utf-8"), mode, owner)
-            done.append((full, old, mode, owner))
-    except (IOError, OSError) as exc:
-        failed = []
-        for full, old, mode, owner in reversed(done):
-            try:
-                if old is None:
-                    os.unlink(full)
-                else:
-                    write_atomic(full, old, mode, owner)
-            except OSError:
-                failed.append(full)
-        raise CpuSpecError("writing %s failed (%s); %s" % (path, exc, "every file written before was put back" if not failed
-                                                           else "putting back failed for %s" % ", ".join(failed)),
+        for act in actions:
+            if act["action"] == "update" and backup is not None:
+                backups[act["path"]] = backup(rooted(root, act["path"]))
+        apply_files(data, actions, root, write=write_keeping_owner)
+    except (IOError, OSError, PersistError) as exc:
+        failed = exc.details.get("rollback_failed") or [] if isinstance(exc, PersistError) else []
+        path = exc.details.get("path") if isinstance(exc, PersistError) else None
+        raise CpuSpecError("writing %s failed (%s); %s" % (path, errors[-1] if errors else exc, "every file written before was put back"
+                                                           if not failed else "putting back failed for %s" % ", ".join(failed)),
                            path=path, rollback_failed=failed)
     return backups
 
