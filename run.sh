@@ -26,7 +26,7 @@ export PY_COLORS="${PY_COLORS:-0}"
 
 # Debian packages per purpose. The lab's come from bindep.txt's [test] profile.
 DEB_BASE=(python3-venv git ethtool iproute2)
-DEB_TEST=(qemu-system-x86 qemu-utils debootstrap openssh-client util-linux e2fsprogs shellcheck)
+DEB_TEST=(qemu-system-x86 qemu-utils debootstrap openssh-client util-linux e2fsprogs shellcheck chromium)
 
 log() { printf '\n=== %s\n' "$*"; }
 

@@ -28,10 +28,11 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import xml.etree.ElementTree as ET
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import is_live_root, join
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import is_live_root, join, list_dir
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import PersistError, apply_files, plan_files, rooted
 
 RUNTIMES = ("enroot", "cdi")
@@ -323,7 +324,43 @@ def render(p, topo):
 
 # ----------------------------------------------------------------- probe --
 
-PROBE = 'echo "NCCL_TOPO_FILE=$NCCL_TOPO_FILE"; sha256sum "$NCCL_TOPO_FILE" 2>&1 || echo MISSING'
+PROBE = ('echo "NCCL_TOPO_FILE=$NCCL_TOPO_FILE"; sha256sum "$NCCL_TOPO_FILE" 2>&1 || echo MISSING; '
+         # Shell builtins and ls only: a minimal image (busybox) has no env or grep.
+         'echo "%s"; export -p; echo "%s"; ls -1 /sys/class/infiniband 2>/dev/null; echo "%s"' % (
+             "--gpunode-env--", "--gpunode-hca--", "--gpunode-end--"))
+_EXPORT = re.compile(r"^(?:export|declare -x)\s+(NCCL_[A-Za-z0-9_]*)(?:=(.*))?$")
+
+
+def _unquote(value):
+    try:
+        parts = shlex.split(value)
+    except ValueError:
+        return value
+    return parts[0] if len(parts) == 1 else value
+
+
+def parse_probe_extras(out):
+    """The NCCL variables (``export -p`` of bash, dash or busybox) and the HCAs (``/sys/class/infiniband``) the probe
+    saw inside the container: ``{"variables": {name: value}, "hcas": [...]}``; None for each part it did not print."""
+    section, variables, hcas = None, None, None
+    for line in (out or "").splitlines():
+        line = line.rstrip("\r")
+        if line == "--gpunode-env--":
+            section, variables = "env", {}
+            continue
+        if line == "--gpunode-hca--":
+            section, hcas = "hca", []
+            continue
+        if line == "--gpunode-end--":
+            section = None
+            continue
+        if section == "env":
+            m = _EXPORT.match(line)
+            if m:
+                variables[m.group(1)] = _unquote(m.group(2) or "")
+        elif section == "hca" and line.strip():
+            hcas.append(line.strip())
+    return {"variables": variables, "hcas": None if hcas is None else sorted(hcas)}
 
 
 def probe_command(verify, cdi_device):
@@ -423,6 +460,10 @@ def verify_live(p, topo, run):
     argv = probe_command(p["verify"], cdi_device)
     rc, out, err = run(argv)
     probe = parse_probe(out, p["container_path"], topo["checksum"])
+    probe.update(parse_probe_extras(out))
+    host_hcas = sorted(list_dir(join(p.get("sysfs_path") or "/sys", "class/infiniband")))
+    probe["host_hcas"] = host_hcas
+    probe["hcas_missing"] = None if probe["hcas"] is None else [h for h in host_hcas if h not in probe["hcas"]]
     report = dict(probe, runtime=p["verify"]["runtime"], image=p["verify"]["image"], command=argv, rc=rc)
     if rc != 0 and probe["variable"] is None:
         raise TopoError("verification failed: %s exited %d: %s" % (argv[0], rc, (err or out or "").strip()),

@@ -204,6 +204,7 @@ def _gpu(gpu):
         "power": {
             "draw": _number_of(power, "power", "power_draw", "instant_power_draw", "average_power_draw"),
             "limit": _number_of(power, "power", "current_power_limit", "power_limit", "enforced_power_limit"),
+            "max_limit": _number_of(power, "power", "max_power_limit"),
         },
         "temperature": {
             "gpu": _number_of(temperature, "temperature", "gpu_temp"),
@@ -339,6 +340,31 @@ def _temperature(gpu):
     return _finding("temperature", gpu, "pass", "GPU at %s C, below slowdown threshold %s C" % (temp["gpu"], temp["slowdown"]), temp)
 
 
+def _power_cap(gpu):
+    power = gpu["power"]
+    if power["limit"] is None or power["max_limit"] is None:
+        return _finding("power_limit", gpu, "not_applicable", "the power limit or its maximum is not reported", power)
+    if power["limit"] < power["max_limit"]:
+        return _finding(
+            "power_limit", gpu, "warn", "power limit %s W is below the GPU's maximum %s W" % (power["limit"], power["max_limit"]), power,
+            "raise it with nvidia-smi -pl %s unless the cap is deliberate (site power budget)" % power["max_limit"],
+        )
+    return _finding("power_limit", gpu, "pass", "power limit %s W is the GPU's maximum" % power["limit"], power)
+
+
+def _fabric(gpu):
+    fabric = gpu["fabric"]
+    if fabric is None or fabric["state"] in (None, "N/A"):
+        return _finding("fabric", gpu, "not_applicable", "no NVLink fabric (NVSwitch) state reported for this GPU", fabric)
+    if fabric["state"] == "Completed" and fabric["status"] in ("Success", None):
+        return _finding("fabric", gpu, "pass", "NVLink fabric registration completed", fabric)
+    if fabric["state"] in ("In Progress", "Not Started"):
+        return _finding("fabric", gpu, "fail", "NVLink fabric registration is %s" % fabric["state"].lower(), fabric,
+                        "start nvidia-fabricmanager (and nvlsm on NVLink5 systems) and wait for registration")
+    return _finding("fabric", gpu, "fail", "NVLink fabric state %s, status %s" % (fabric["state"], fabric["status"]), fabric,
+                    "read the fabric manager log; reset the GPU or the NVSwitch tray")
+
+
 def gpu_findings(parsed):
     """Findings ``{check, gpu, status, message, evidence, fix}`` for every GPU of ``parse_nvidia_smi``'s result."""
     if not isinstance(parsed, dict) or not isinstance(parsed.get("gpus"), list):
@@ -347,6 +373,6 @@ def gpu_findings(parsed):
         )
     findings = []
     for gpu in parsed["gpus"]:
-        for check in (_row_remap, _retired, _ecc, _throttle, _persistence, _temperature):
+        for check in (_row_remap, _retired, _ecc, _throttle, _persistence, _temperature, _power_cap, _fabric):
             findings.append(check(gpu))
     return findings

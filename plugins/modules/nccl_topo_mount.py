@@ -192,7 +192,11 @@ missing_busids:
   type: list
   elements: str
 verify:
-  description: The container check - C(variable_ok), C(file_ok), C(checksum_ok), C(message), C(command).
+  description:
+    - The container check - C(variable_ok), C(file_ok), C(checksum_ok), C(message), C(command).
+    - What the container sees besides - C(variables) (every C(NCCL_*) variable inside), C(hcas) (its
+      C(/sys/class/infiniband)), C(host_hcas) (the host's) and C(hcas_missing) (the host's HCAs the container does
+      not see); the preflight playbook judges these.
   returned: when O(verify) ran
   type: dict
 verified:

@@ -126,6 +126,15 @@ def test_a_hand_edit_of_the_node_line_is_drift_in_check_mode():
         assert recap[NAME] > 0, res.stdout[-3000:]
         assert re.search(r"(?m)^-nodename=gpu-node .*CpuSpecList=0-1$", res.stdout), res.stdout[-3000:]
         assert ssh(NAME, "grep -c 'CpuSpecList=0-1' /etc/slurm/nodes.conf").stdout.strip() == "1"     # nothing written
+        # tune.yml's drift report says so, from the module's own plan: DRIFT, slurm_cpuspec on gpu-node, the file.
+        drift = json.loads((EPHEMERAL / "tune-drift" / "cluster.json").read_text())
+        assert drift["gate"] == "no_go" and "DRIFT" in drift["gate_text"], drift["gate_text"]
+        found = {f["check"]: f for f in drift["hosts"][0]["findings"]}
+        assert found["slurm_cpuspec"]["status"] == "warn" and found["slurm_cpuspec"]["fatal"], found
+        assert "change /etc/slurm/nodes.conf" in found["slurm_cpuspec"]["message"], found
+        assert found["nic_irq_pinning"]["status"] == "pass", found
+        junit = (EPHEMERAL / "tune-drift" / "cluster.junit.xml").read_text()
+        assert 'failures="1"' in junit and "slurm_cpuspec" in junit
     finally:
         ssh(NAME, "cat > /etc/slurm/nodes.conf <<'EOF'\n%sEOF" % nodes)
 

@@ -51,7 +51,8 @@ def test_a100_mig_file_details():
     assert gpu["ecc"]["aggregate"]["dram_uncorrectable"] == 0
     statuses = {f["check"]: f["status"] for f in gpu_findings({"gpus": [gpu]})}
     assert statuses == {"remapped_rows": "not_applicable", "retired_pages": "not_applicable", "ecc_uncorrectable": "pass",
-                        "clock_event_reasons": "pass", "persistence_mode": "warn", "temperature": "pass"}
+                        "clock_event_reasons": "pass", "persistence_mode": "warn", "temperature": "pass",
+                        "power_limit": "pass", "fabric": "not_applicable"}
 
 
 def test_old_layout_single_double_bit_and_idle_is_benign():
@@ -108,3 +109,25 @@ def test_values():
     with pytest.raises(NvidiaSmiError) as err:
         to_number("fast MHz", "clocks.sm_clock")
     assert err.value.value == "fast MHz"
+
+
+def _gpu_with(**changes):
+    gpu = parse_nvidia_smi(_text("telegraf_a100-sxm4-v12.xml"))["gpus"][0]
+    gpu.update(changes)
+    return {f["check"]: f for f in gpu_findings({"gpus": [gpu]})}
+
+
+def test_power_cap_below_maximum_warns_and_names_the_maximum():
+    found = _gpu_with(power={"draw": 80.0, "limit": 400.0, "max_limit": 500.0})["power_limit"]
+    assert found["status"] == "warn" and "500.0" in found["fix"]
+    assert _gpu_with(power={"draw": 80.0, "limit": None, "max_limit": 500.0})["power_limit"]["status"] == "not_applicable"
+
+
+@pytest.mark.parametrize("state,status,expected", [
+    ("Completed", "Success", "pass"),
+    ("In Progress", "N/A", "fail"),
+    ("Completed", "Failure", "fail"),
+    ("N/A", None, "not_applicable"),
+])
+def test_fabric_states(state, status, expected):
+    assert _gpu_with(fabric={"state": state, "status": status})["fabric"]["status"] == expected

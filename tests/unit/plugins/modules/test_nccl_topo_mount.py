@@ -396,10 +396,26 @@ def test_parse_probe(out, ok, half):
     assert half in probe["message"]
 
 
+@pytest.mark.parametrize("exports", [
+    # busybox ash / dash
+    "export HOME='/root'\nexport NCCL_TOPO_FILE='/etc/nccl/topo.xml'\nexport NCCL_IB_HCA='=mlx5_0,mlx5_1'\nexport NCCL_DEBUG",
+    # bash
+    'declare -x HOME="/root"\ndeclare -x NCCL_TOPO_FILE="/etc/nccl/topo.xml"\ndeclare -x NCCL_IB_HCA="=mlx5_0,mlx5_1"\ndeclare -x NCCL_DEBUG',
+])
+def test_parse_probe_extras_reads_both_export_formats_and_the_hcas(exports):
+    out = ("NCCL_TOPO_FILE=/etc/nccl/topo.xml\n%s  /etc/nccl/topo.xml\n--gpunode-env--\n%s\n--gpunode-hca--\nmlx5_1\nmlx5_0\n"
+           "--gpunode-end--\n" % (SHA, exports))
+    extras = T.parse_probe_extras(out)
+    assert extras == {"variables": {"NCCL_TOPO_FILE": "/etc/nccl/topo.xml", "NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_DEBUG": ""},
+                      "hcas": ["mlx5_0", "mlx5_1"]}
+    assert T.parse_probe(out, "/etc/nccl/topo.xml", SHA)["checksum_ok"]
+    assert T.parse_probe_extras("NCCL_TOPO_FILE=\n") == {"variables": None, "hcas": None}
+
+
 def test_probe_commands():
     assert T.probe_command({"runtime": "podman", "image": "busybox"}, "gpunode.io/nccl=topo") == [
-        "podman", "run", "--rm", "--network", "none", "--device", "gpunode.io/nccl=topo", "busybox", "sh", "-c",
-        'echo "NCCL_TOPO_FILE=$NCCL_TOPO_FILE"; sha256sum "$NCCL_TOPO_FILE" 2>&1 || echo MISSING']
+        "podman", "run", "--rm", "--network", "none", "--device", "gpunode.io/nccl=topo", "busybox", "sh", "-c", T.PROBE]
+    assert T.PROBE.startswith('echo "NCCL_TOPO_FILE=$NCCL_TOPO_FILE"; sha256sum "$NCCL_TOPO_FILE" 2>&1 || echo MISSING; ')
     assert T.probe_command({"runtime": "enroot", "image": "pytorch"}, "x")[:3] == ["enroot", "start", "pytorch"]
 
 

@@ -1,0 +1,69 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Controller-side rendering of a cluster report (preflight gate, drift). Documentation: the YAML files beside this one.
+
+Thin wrappers over ``module_utils/_cluster_report``, where the report is built (``build_report``) and rendered;
+they only turn bad input into ``AnsibleFilterError``:
+
+* ``cluster_report_markdown(report)``, ``cluster_report_html(report)`` and ``cluster_report_junit(report)``
+  give the Markdown, self-contained HTML and JUnit XML texts;
+* ``cluster_report_lines(report, limit=10)`` the lines of a closing debug summary.
+"""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._cluster_report import (
+    ClusterReportError,
+    render_html,
+    render_junit,
+    render_lines,
+    render_markdown,
+)
+
+
+def _wrap(name, func):
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except ClusterReportError as exc:
+            raise AnsibleFilterError("%s: %s" % (name, exc), orig_exc=exc)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise AnsibleFilterError("%s: malformed cluster report (%s: %s)" % (name, type(exc).__name__, exc), orig_exc=exc)
+
+    wrapper.__name__ = name
+    wrapper.__doc__ = func.__doc__
+    return wrapper
+
+
+def cluster_report_markdown(report):
+    """The report as Markdown."""
+    return render_markdown(report)
+
+
+def cluster_report_html(report):
+    """The report as one self-contained HTML page."""
+    return render_html(report)
+
+
+def cluster_report_junit(report):
+    """The report as JUnit XML."""
+    return render_junit(report)
+
+
+def cluster_report_lines(report, limit=10):
+    """The report as a few lines for a debug summary."""
+    return render_lines(report, limit)
+
+
+class FilterModule(object):
+    def filters(self):
+        return {
+            "cluster_report_markdown": _wrap("cluster_report_markdown", cluster_report_markdown),
+            "cluster_report_html": _wrap("cluster_report_html", cluster_report_html),
+            "cluster_report_junit": _wrap("cluster_report_junit", cluster_report_junit),
+            "cluster_report_lines": _wrap("cluster_report_lines", cluster_report_lines),
+        }

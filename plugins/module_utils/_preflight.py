@@ -1,0 +1,296 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The preflight gate and the drift report: module results turned into findings, a policy deciding which are fatal.
+
+Private module_utils of gpunode.tuning, standard library only, no Ansible
+imports; used on the controller by the ``preflight_collect`` and ``drift_collect``
+filters, which hand the result to :func:`_cluster_report.build_report`.
+
+* :func:`host_findings` turns one host's module results (``{source: result}``;
+  sources in :data:`SOURCES`) into findings ``{check, status, message,
+  evidence, fix, gpu}`` with ``check`` prefixed by its source
+  (``platform:thp``, ``gpu:remapped_rows``, ``dcgm:memory``).
+* :func:`check_policy` validates a policy; :func:`apply_policy` marks each
+  finding ``fatal``. A policy is an ordered list of rules ``{check: <fnmatch
+  pattern>, fatal: [statuses]}``; the first rule whose pattern matches a
+  finding's check decides; a check no rule matches is fatal when it fails.
+* :func:`drift_findings` turns the roles' ``*_report`` facts (their modules'
+  own check-mode plans) into one finding per role: ``pass`` in sync, ``warn``
+  with every planned change.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._findings import STATUSES, finding
+
+SOURCES = ("platform", "gpu", "cpu_power", "nic", "softnet", "nccl")
+# The default policy is playbooks/files/preflight_policy.yml (documented there); a unit test checks it.
+# A failed module (its error message) is fatal whatever the policy says: a check that did not run cannot pass a gate.
+CPU_POWER_STATUS = {"pass": "pass", "fail": "fail", "not_visible": "not_applicable", "unknown": "unknown"}
+SOFTNET_STATUS = {"no_contention": "pass", "contention": "fail", "inconclusive": "unknown"}
+# The roles' report facts, in tune.yml's order, and what in each is a change.
+DRIFT_ROLES = ("nic_irq_pinning", "irqbalance", "isolcpus", "cpusets", "cpu_power", "slurm_cpuspec", "nccl_topology")
+
+
+class PreflightError(DetailedError):
+    """A policy or a results structure that is not what the preflight playbook builds."""
+
+
+# -------------------------------------------------------------------- policy --
+
+def check_policy(policy):
+    """The policy, validated: ``{"rules": [{"check": str, "fatal": [status...]}...]}``; raises PreflightError naming the
+    rule, the value and what was expected."""
+    if not isinstance(policy, dict) or set(policy) - {"rules"} or not isinstance(policy.get("rules"), list):
+        raise PreflightError("the preflight policy must be a mapping with one key, rules (a list)", value=policy,
+                             expected="{rules: [{check: PATTERN, fatal: [STATUS, ...]}, ...]}")
+    rules = []
+    for index, rule in enumerate(policy["rules"]):
+        where = "rules[%d]" % index
+        if not isinstance(rule, dict) or set(rule) != {"check", "fatal"}:
+            raise PreflightError("policy %s must have exactly the keys check and fatal" % where, rule=where, value=rule,
+                                 expected="{check: PATTERN, fatal: [STATUS, ...]}")
+        if not isinstance(rule["check"], str) or not rule["check"].strip():
+            raise PreflightError("policy %s check %r is not a check pattern" % (where, rule["check"]), rule=where,
+                                 value=rule["check"], expected="a check id or fnmatch pattern such as gpu:* or platform:thp")
+        fatal = rule["fatal"]
+        allowed = [s for s in STATUSES if s != "pass"]
+        if not isinstance(fatal, list) or any(s not in allowed for s in fatal):
+            raise PreflightError("policy %s fatal %r must be a list of statuses other than pass" % (where, fatal), rule=where,
+                                 value=fatal, expected="a list drawn from %s" % ", ".join(allowed))
+        rules.append({"check": rule["check"].strip(), "fatal": list(fatal)})
+    return {"rules": rules}
+
+
+def fatal_statuses(policy, check):
+    for rule in policy["rules"]:
+        if fnmatch.fnmatchcase(check, rule["check"]):
+            return rule["fatal"]
+    return ["fail"]
+
+
+def apply_policy(findings, policy):
+    """Each finding with ``fatal`` set by the first matching rule (a new list)."""
+    return [dict(f, fatal=f["status"] in fatal_statuses(policy, f["check"])) for f in findings]
+
+
+# ------------------------------------------------------------------ adapters --
+
+def _prefixed(source, findings):
+    out = []
+    for item in findings:
+        check = item["check"] if ":" in item["check"] else "%s:%s" % (source, item["check"])
+        out.append(dict(item, check=check, source=source))
+    return out
+
+
+def _cpu_power(result):
+    out = []
+    for item in result.get("findings") or []:
+        status = CPU_POWER_STATUS.get(item["status"], "unknown")
+        message = item["message"]
+        if item["status"] == "not_visible":
+            message = "not visible: %s" % message
+        extra = {"pid": item["pid"]} if "pid" in item else {}
+        out.append(finding("cpu_power:%s" % item["check"], status, message, evidence=item.get("verdict"), **extra))
+    return out
+
+
+def _softnet(result):
+    verdict = result.get("verdict")
+    status = SOFTNET_STATUS.get(verdict, "unknown")
+    reasons = result.get("reasons") or []
+    fix = None
+    if status == "fail":
+        fix = "pin the NIC queue IRQs to dedicated CPUs and fence the workload off them (tune.yml: nic_irq_pinning, cpusets)"
+    evidence = {"verdict_rule": result.get("verdict_rule"), "irq_cpus": result.get("irq_cpus"), "hot_cpus": result.get("hot_cpus"),
+                "totals": result.get("totals")}
+    return [finding("softnet:contention", status, "%s: %s" % (verdict or "no verdict", "; ".join(reasons) or "no reasons"),
+                    evidence=evidence, fix=fix)]
+
+
+def _nic(result):
+    """IRQ layout: one queue IRQ per CPU on distinct CPUs passes; shared CPUs or IRQs spread over many CPUs warn;
+    irqbalance running without banning the IRQ CPUs warns (it will move them)."""
+    facts = (result.get("ansible_facts") or {}).get("nic_irq") or result
+    queues = [i for i in facts.get("irqs") or [] if i.get("kind") == "queue"]
+    name = "%s (%s, %s)" % (facts.get("interface"), facts.get("driver"), facts.get("pci_address"))
+    if not queues:
+        return [finding("irq:layout", "warn", "%s has no queue IRQs" % name, evidence=None,
+                        fix="check that the NIC is up and uses MSI-X (some NICs request IRQs only when opened)")]
+    where = {}
+    for irq in queues:
+        cpus = irq.get("effective_affinity_list") or irq.get("affinity_list") or "?"
+        where[irq["irq"]] = cpus
+    single = all(c.isdigit() for c in where.values())
+    shared = len(set(where.values())) < len(where)
+    evidence = {"interface": facts.get("interface"), "pci_address": facts.get("pci_address"),
+                "irq_cpus": dict((str(k), v) for k, v in sorted(where.items()))}
+    found = []
+    if single and not shared:
+        found.append(finding("irq:layout", "pass", "%s: %d queue IRQs, one per CPU (%s)" % (
+            name, len(where), ",".join(where[k] for k in sorted(where))), evidence=evidence))
+    else:
+        why = "several queue IRQs share a CPU" if single else "queue IRQs may land on several CPUs each"
+        found.append(finding("irq:layout", "warn", "%s: %s" % (name, why), evidence=evidence,
+                             fix="pin one queue IRQ per dedicated CPU (the nic_irq_pinning role)"))
+    balance = facts.get("irqbalance") or {}
+    if balance.get("active"):
+        banned = set(balance.get("banned_cpus") or [])
+        used = set(int(c) for c in where.values() if c.isdigit())
+        if used - banned:
+            found.append(finding("irq:irqbalance", "warn", "irqbalance runs and does not ban the IRQ CPUs %s: it may move the IRQs" % (
+                ",".join(str(c) for c in sorted(used - banned))), evidence=balance,
+                fix="ban the IRQ CPUs (irqbalance role, mode banned) or stop irqbalance"))
+        else:
+            found.append(finding("irq:irqbalance", "pass", "irqbalance runs and bans the IRQ CPUs", evidence=balance))
+    else:
+        found.append(finding("irq:irqbalance", "pass", "irqbalance does not run", evidence=balance))
+    return found
+
+
+def _nccl(result):
+    """nccl_topo_mount run in check mode with verify: the topology in the container, the HCAs and the NCCL variables."""
+    verify = result.get("verify") or {}
+    out = []
+    if result.get("failed") and not verify:
+        return [finding("nccl:topology", "fail", result.get("msg") or "nccl_topo_mount failed",
+                        fix="run tune.yml with gpunode_tune_nccl_topology")]
+    drift = [f for f in result.get("files") or [] if f.get("action") != "unchanged"]
+    if result.get("failed"):
+        out.append(finding("nccl:topology", "fail", result.get("msg") or verify.get("message"), evidence=verify,
+                           fix="run tune.yml with gpunode_tune_nccl_topology"))
+    elif drift:
+        out.append(finding("nccl:topology", "fail", "the NCCL topology files differ from the desired state: %s" % ", ".join(
+            "%s %s" % (f["action"], f["path"]) for f in drift), evidence=drift, fix="run tune.yml with gpunode_tune_nccl_topology"))
+    elif verify:
+        out.append(finding("nccl:topology", "pass", verify.get("message"), evidence={"command": verify.get("command")}))
+    else:
+        out.append(finding("nccl:topology", "unknown", "the files are in place but no container was started to check them",
+                           fix="give nccl_topo_mount verify (runtime and image)"))
+    if verify.get("hcas") is not None:
+        missing = verify.get("hcas_missing") or []
+        hosts = verify.get("host_hcas") or []
+        if not hosts:
+            out.append(finding("nccl:container_hcas", "not_applicable", "the host has no RDMA device (/sys/class/infiniband is empty)"))
+        elif missing:
+            out.append(finding("nccl:container_hcas", "fail", "the container does not see the HCAs %s" % ", ".join(missing),
+                               evidence={"host": hosts, "container": verify["hcas"]},
+                               fix="pass the RDMA devices into the container (CDI, --device /dev/infiniband, pyxis/enroot hooks)"))
+        else:
+            out.append(finding("nccl:container_hcas", "pass", "the container sees every host HCA: %s" % ", ".join(hosts),
+                               evidence={"host": hosts, "container": verify["hcas"]}))
+    if verify.get("variables") is not None:
+        variables = verify["variables"]
+        out.append(finding("nccl:variables", "pass", "NCCL variables inside: %s" % (
+            ", ".join("%s=%s" % kv for kv in sorted(variables.items())) or "none"), evidence=variables))
+    return out
+
+
+def _module_findings(source, result):
+    if not isinstance(result, dict):
+        raise PreflightError("the %s result is not a mapping" % source, source=source, value=result, expected="a module result")
+    if result.get("skipped"):
+        return []
+    if source == "nccl":
+        return _prefixed(source, _nccl(result))
+    if result.get("failed"):
+        return [finding("%s:check" % source, "fail", "the %s check failed: %s" % (source, result.get("msg") or "no message"),
+                        evidence={k: v for k, v in result.items() if k in ("option", "value", "expected", "path")} or None,
+                        fix="fix the error above and rerun the preflight")]
+    if source == "cpu_power":
+        return _prefixed(source, _cpu_power(result))
+    if source == "softnet":
+        return _prefixed(source, _softnet(result))
+    if source == "nic":
+        return _prefixed(source, _nic(result))
+    return _prefixed(source, result.get("findings") or [])
+
+
+def host_findings(results):
+    """Every finding of one host's ``{source: module result}``, in :data:`SOURCES` order."""
+    if not isinstance(results, dict):
+        raise PreflightError("a host's results are not a mapping", value=results, expected="{source: module result}")
+    unknown = sorted(set(results) - set(SOURCES))
+    if unknown:
+        raise PreflightError("unknown preflight sources %s" % ", ".join(unknown), value=unknown, expected=list(SOURCES))
+    out = []
+    for source in SOURCES:
+        if source in results and results[source] is not None:
+            out.extend(_module_findings(source, results[source]))
+    return out
+
+
+def collect(results, policy):
+    """``{host: {"results": {source: result}, "error": str|None}}`` -> build_report's ``hosts`` (findings with
+    ``fatal``)."""
+    policy = check_policy(policy)
+    hosts = {}
+    for host, data in results.items():
+        if not isinstance(data, dict):
+            raise PreflightError("host %s has no results mapping" % host, host=host, value=data, expected="{results, error}")
+        hosts[host] = {"findings": apply_policy(host_findings(data.get("results") or {}), policy), "error": data.get("error")}
+    return hosts
+
+
+# --------------------------------------------------------------------- drift --
+
+def _changes(report):
+    """Every planned change in one role's report fact, as text lines."""
+    lines = []
+    if not isinstance(report, dict):
+        return lines
+    for item in report.get("files") or []:
+        if isinstance(item, str):
+            # slurm_cpuspec lists the files it changes (would change) by name.
+            lines.append("change %s" % item)
+        elif isinstance(item, dict) and item.get("action", "unchanged") != "unchanged":
+            lines.append("%s %s%s" % (item["action"], item.get("path"), (" (%s)" % item["reason"]) if item.get("reason") else ""))
+    for item in report.get("drift") or []:
+        lines.append("IRQ %s" % item)
+    for item in report.get("writes") or []:
+        lines.append("write %s: %s -> %s" % (item.get("path"), item.get("before"), item.get("after")))
+    for key in ("systemd", "systemctl"):
+        for item in report.get(key) or []:
+            lines.append("%s %s" % (key, item))
+    if report.get("restart"):
+        lines.append("restart the service")
+    if report.get("reboot_required"):
+        lines.append("reboot required for the next-boot settings to take effect")
+    settings = report.get("settings")
+    if isinstance(settings, dict):
+        lines.extend(_changes(settings))
+        lines.extend(_changes(settings.get("kernel_cmdline")))
+    return lines
+
+
+def drift_findings(reports):
+    """One finding per role that ran (``{role: its report fact}``, DRIFT_ROLES order): pass when in sync, warn with
+    every planned change; ``fatal`` true on drift (the drift report's gate says DRIFT)."""
+    out = []
+    for role in DRIFT_ROLES:
+        report = reports.get(role)
+        if report is None or isinstance(report, str):
+            continue
+        lines = _changes(report)
+        if lines:
+            out.append(dict(finding(role, "warn", "%d change(s): %s" % (len(lines), "; ".join(lines)), evidence=lines,
+                                    fix="run tune.yml without --check to apply, or find who changed the host"), fatal=True))
+        else:
+            out.append(dict(finding(role, "pass", "in sync", evidence=None), fatal=False))
+    return out
+
+
+def drift_collect_hosts(results):
+    """``{host: {"reports": {role: report}, "error": str|None}}`` -> build_report's ``hosts``."""
+    hosts = {}
+    for host, data in results.items():
+        if not isinstance(data, dict):
+            raise PreflightError("host %s has no reports mapping" % host, host=host, value=data, expected="{reports, error}")
+        hosts[host] = {"findings": drift_findings(data.get("reports") or {}), "error": data.get("error")}
+    return hosts

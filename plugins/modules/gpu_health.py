@@ -1,0 +1,137 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_health
+short_description: GPU health of a node from nvidia-smi -q -x and dcgmi diag, with a finding per check and GPU
+version_added: 0.3.0
+description:
+  - "C(gpu_present): the NVIDIA GPUs on the PCI bus (vendor C(0x10de), class 0300/0302) against what
+    C(nvidia-smi) lists - V(pass), V(fail) (GPUs on the bus but no driver, nvidia-smi failing, or a GPU missing
+    from its list), or V(not_applicable) (no NVIDIA GPU, no driver). The gate decides whether a node without GPUs
+    is fatal."
+  - "Per GPU from C(nvidia-smi -q -x), read by element name so that DTD v11 (C(clocks_throttle_reasons)), v12 and
+    v13 (C(clocks_event_reasons)) and pre-DTD files all parse: pending or failed row remapping, pending page
+    retirement, uncorrectable ECC errors, active clock-limiting reasons (idle and application clocks are benign;
+    hardware, power-brake and thermal slowdowns fail), persistence mode, temperature against the slowdown
+    threshold, the power limit against the GPU's maximum, and the NVLink fabric registration state."
+  - With O(dcgm_level), C(dcgmi diag -r LEVEL), parsed for the DCGM 2.x/3.x table and the 4.x per-plugin layout;
+    one finding per test, and a C(Skip) is V(not_applicable), never a pass.
+  - Read-only (C(dcgmi diag) loads the GPUs for its duration; run it when no job runs).
+author:
+  - gpunode.tuning contributors (@gpunode)
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Read-only; check mode reads and runs the diagnostics exactly as a normal run does.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+    details: Nothing is changed.
+  facts:
+    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
+    support: none
+options:
+  dcgm_level:
+    description:
+      - The C(dcgmi diag -r) level to run (1 quick, 2 medium, 3 and 4 long); 0 runs none.
+      - Without DCGM installed the C(dcgm) finding is V(not_applicable).
+    type: int
+    default: 0
+    choices: [0, 1, 2, 3, 4]
+  nvidia_smi_xml_path:
+    description: A saved C(nvidia-smi -q -x) output to judge instead of running nvidia-smi.
+    type: path
+  dcgmi_output_path:
+    description: A saved C(dcgmi diag) output to judge instead of running dcgmi.
+    type: path
+  sysfs_path:
+    description:
+      - Root of sysfs, for the PCI bus. Anything but C(/sys) is a captured or generated tree and no command runs
+        there; give the outputs as files.
+    type: path
+    default: /sys
+notes:
+  - Commands, only against the live C(/sys) - C(nvidia-smi -q -x) and, with O(dcgm_level), C(dcgmi diag -r LEVEL).
+  - Tested on real C(nvidia-smi -q -x) and C(dcgmi diag) captures from public sources
+    (C(tests/unit/fixtures/gpu_health/README.md)); the project's lab has no GPU.
+seealso:
+  - module: gpunode.tuning.platform_facts
+  - module: gpunode.tuning.cpu_power_facts
+"""
+
+EXAMPLES = r"""
+- name: GPU health with the quick DCGM diagnostic
+  gpunode.tuning.gpu_health:
+    dcgm_level: 1
+  register: gpu
+
+- name: Judge a saved nvidia-smi output
+  gpunode.tuning.gpu_health:
+    sysfs_path: /srv/capture/node17/sys
+    nvidia_smi_xml_path: /srv/capture/node17/nvidia-smi-q-x.xml
+"""
+
+RETURN = r"""
+findings:
+  description:
+    - C(check) (C(gpu_present), C(remapped_rows), C(retired_pages), C(ecc_uncorrectable), C(clock_event_reasons),
+      C(persistence_mode), C(temperature), C(power_limit), C(fabric), C(dcgm:<test>)), C(status), C(message),
+      C(evidence), C(fix) and C(gpu) (the PCI bus id, or the failing GPU indexes for DCGM).
+  returned: always
+  type: list
+  elements: dict
+pci_gpus:
+  description: PCI addresses of the NVIDIA GPUs on the bus.
+  returned: always
+  type: list
+  elements: str
+nvidia_smi:
+  description: The parsed C(nvidia-smi -q -x) - driver and CUDA versions, DTD version, per GPU clocks, power, temperature, ECC,
+    remapped rows, retired pages, clock-event reasons, NVLink and fabric - or null.
+  returned: always
+  type: dict
+dcgm:
+  description: The parsed C(dcgmi diag) - layout, metadata and tests - or null.
+  returned: always
+  type: dict
+sources:
+  description: Where the nvidia-smi and DCGM outputs came from.
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu_health import GpuHealthError, gpu_health
+
+ARGUMENT_SPEC = dict(
+    dcgm_level=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
+    nvidia_smi_xml_path=dict(type="path"),
+    dcgmi_output_path=dict(type="path"),
+    sysfs_path=dict(type="path", default="/sys"),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    live = params["sysfs_path"].rstrip("/") == "/sys"
+    run = module_runner(module, commands=("nvidia-smi", "dcgmi")) if live else None
+    try:
+        result = gpu_health(params["sysfs_path"], run, params["nvidia_smi_xml_path"], params["dcgm_level"], params["dcgmi_output_path"])
+    except GpuHealthError as exc:
+        module.fail_json(msg=str(exc), **exc.details)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()
