@@ -54,12 +54,11 @@ import re
 
 from ansible_collections.gpunode.tuning.plugins.module_utils import _hostlist
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._findings import FATAL_STATUSES, STATUSES
 
-STATUSES = ("pass", "warn", "fail", "not_applicable", "unknown")
 # Worst first; "fatal" is a fatal finding of any status.
 WORST_ORDER = ("fatal", "fail", "warn", "unknown", "not_applicable", "pass")
 _RANK = dict((name, rank) for rank, name in enumerate(WORST_ORDER))
-FATAL_STATUSES = ("fail", "warn", "unknown", "not_applicable")
 SHORT = {"fatal": "FATAL", "fail": "FAIL", "warn": "WARN", "unknown": "?", "not_applicable": "N/A", "pass": "PASS"}
 WORDS = {"fatal": "fatal", "fail": "fail", "warn": "warn", "unknown": "unknown", "not_applicable": "not applicable",
          "pass": "pass"}

@@ -12,6 +12,8 @@ from __future__ import annotations
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 
 STATUSES = ("pass", "warn", "fail", "not_applicable", "unknown")
+# A gate's policy may make any of these fatal; a pass never stops a gate.
+FATAL_STATUSES = ("fail", "warn", "unknown", "not_applicable")
 
 
 class FindingError(DetailedError):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import fnmatch
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
-from ansible_collections.gpunode.tuning.plugins.module_utils._findings import STATUSES, finding
+from ansible_collections.gpunode.tuning.plugins.module_utils._findings import FATAL_STATUSES, finding
 
 SOURCES = ("platform", "gpu", "cpu_power", "nic", "softnet", "nccl")
 # The default policy is playbooks/files/preflight_policy.yml (documented there); a unit test checks it.
@@ -59,10 +59,9 @@ def check_policy(policy):
             raise PreflightError("policy %s check %r is not a check pattern" % (where, rule["check"]), rule=where,
                                  value=rule["check"], expected="a check id or fnmatch pattern such as gpu:* or platform:thp")
         fatal = rule["fatal"]
-        allowed = [s for s in STATUSES if s != "pass"]
-        if not isinstance(fatal, list) or any(s not in allowed for s in fatal):
+        if not isinstance(fatal, list) or any(s not in FATAL_STATUSES for s in fatal):
             raise PreflightError("policy %s fatal %r must be a list of statuses other than pass" % (where, fatal), rule=where,
-                                 value=fatal, expected="a list drawn from %s" % ", ".join(allowed))
+                                 value=fatal, expected="a list drawn from %s" % ", ".join(FATAL_STATUSES))
         rules.append({"check": rule["check"].strip(), "fatal": list(fatal)})
     return {"rules": rules}
 

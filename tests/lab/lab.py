@@ -62,6 +62,12 @@ KVM_PROBE_TIMEOUT = int(os.environ.get("GPUNODE_LAB_KVM_PROBE_TIMEOUT", "90"))
 KEEP = int(os.environ.get("GPUNODE_LAB_KEEP", "3"))
 # The cold boot that saves a state (once per image and key) may take longer.
 SAVE_BOOT_TIMEOUT = int(os.environ.get("GPUNODE_LAB_SAVE_BOOT_TIMEOUT", "900"))
+# A cold boot whose console prints nothing for this long before SSH answers is stalled: seen on 2026-12-02, a
+# gpu-node stopped at "sched_clock: Marking stable" (2.76 s into the kernel) for over 5 minutes with QEMU spinning
+# at 175 % CPU while the host was loaded; the retry booted in 40 s. The slowest healthy pause measured was the
+# 60-90 s of soft lockups that initramfs_async=0 took away.
+STALL_SECONDS = int(os.environ.get("GPUNODE_LAB_STALL_SECONDS", "180"))
+SAVE_ATTEMPTS = 2
 
 TAP_PREFIX = "glab"
 
@@ -187,6 +193,10 @@ BOOTS = ("direct", "grub")
 
 class LabError(Exception):
     """A lab operation failed; the message says what and where to look."""
+
+
+class BootStall(LabError):
+    """A cold boot's console went quiet for STALL_SECONDS before SSH answered."""
 
 
 def log(msg: str) -> None:
@@ -738,11 +748,21 @@ def ssh_banner(port: int, timeout: float = 5.0) -> bool:
         return False
 
 
-def wait_for_ssh(name: str, inst: dict, deadline: float, poll: float = 2.0) -> None:
+def wait_for_ssh(name: str, inst: dict, deadline: float, poll: float = 2.0, stall: float | None = None) -> None:
+    """Wait for SSH; with ``stall``, raise BootStall when the console has not grown for that many seconds."""
     key = Path(inst["identity_file"])
+    console = inst_dir(name) / "console.log"
+    size, changed = -1, time.monotonic()
     while True:
         if not pid_alive(inst["pid"]):
             raise LabError(f"guest {name}: QEMU exited during boot\n{console_tail(name)}")
+        if stall:
+            now_size = console.stat().st_size if console.exists() else 0
+            if now_size != size:
+                size, changed = now_size, time.monotonic()
+            elif time.monotonic() - changed > stall:
+                raise BootStall(f"guest {name}: the console printed nothing for {stall:.0f}s and SSH does not answer "
+                                f"(a stalled boot)\n{console_tail(name)}")
         if ssh_banner(inst["port"]):
             try:
                 res = subprocess.run(
@@ -902,8 +922,16 @@ def saved_state(image: Path, shape: str, accel: str, kernel_args: str, boot: str
         port = free_port()
         log(f"saving a booted {shape} ({boot} boot{', ' + kernel_args if kernel_args else ''}): cold boot of {name}")
         try:
-            inst = up(name, shape, port, accel=accel, timeout=max(timeout, SAVE_BOOT_TIMEOUT), hostname="gpunode-lab",
-                      kernel_args=kernel_args, boot="direct" if boot == "grub" else boot, cold=True)
+            for attempt in range(1, SAVE_ATTEMPTS + 1):
+                try:
+                    inst = up(name, shape, port, accel=accel, timeout=max(timeout, SAVE_BOOT_TIMEOUT), hostname="gpunode-lab",
+                              kernel_args=kernel_args, boot="direct" if boot == "grub" else boot, cold=True)
+                    break
+                except BootStall as exc:
+                    if attempt == SAVE_ATTEMPTS:
+                        raise
+                    log(f"{exc.args[0].splitlines()[0]}; cold boot again (attempt {attempt + 1} of {SAVE_ATTEMPTS})")
+                    port = free_port()
             if boot == "grub":
                 _switch_to_grub(inst, image, kernel_args, max(timeout, SAVE_BOOT_TIMEOUT))
             d = inst_dir(name)
@@ -1015,7 +1043,7 @@ def up(name: str, shape: str, port: int | None, accel: str | None = None,
     log(f"{how}: {name} ({shape}, {accel}) ssh 127.0.0.1:{port}, tap {tap_name(name)}")
     try:
         inst = start_qemu(name, shape, port, image, accel, hostname, kernel_args or "", boot, state)
-        wait_for_ssh(name, inst, deadline, poll=0.3 if state else 2.0)
+        wait_for_ssh(name, inst, deadline, poll=0.3 if state else 2.0, stall=STALL_SECONDS if cold and not probe else None)
         personalize(inst, hostname)
     except BaseException:
         if not probe:

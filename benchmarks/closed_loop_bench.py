@@ -1,0 +1,349 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The closed loop on a real kernel (#18): contention detected, tuned away by the collection alone, the CPU measured.
+
+Run by hand from the repository root, as root, with the lab image built (``./run.sh deps`` and ``python3
+tests/lab/lab.py build``); not part of the test suite::
+
+    .venv/bin/python benchmarks/closed_loop_bench.py --out benchmarks/closed_loop_results.md
+
+A scaled-down model of seed 000's node in one ``gpu-node`` guest (8 vCPUs under TCG, 2 NUMA nodes, the 6-queue
+virtio data NIC enp66s1 on node 1):
+
+* **Load.** The data loaders: 4 CPU-bound workers (a Python loop that counts its own iterations), one per CPU of
+  the NIC's node (4-7, as a launcher binds them to the GPU/NIC-local node), run by a systemd unit in
+  ``gpunode-workload.slice``. The traffic: iperf3 UDP, 200-byte datagrams at ``--rate`` (10 Mbit/s: ../shared/LAB.md,
+  the rate at which an idle CPU does not squeeze under TCG but a loaded one shows the seed's signal 2), from a network
+  namespace that holds the data NIC's tap on the host side, into ``iperf3 -s`` in the guest. The queue IRQs start
+  where virtio_net puts them (``ethtool -L`` to the queue count rewrites its own spread: CPUs 4-7), irqbalance
+  stopped (as a node whose IRQs were never tuned, with the spread the driver chose).
+* **Diagnose** (``playbooks/diagnose.yml``, inventory variables only; squeeze threshold scaled to the model, see
+  below) under the load: the verdict and per-CPU softirq/user/squeezes.
+* **Tune** (``playbooks/tune.yml``, inventory variables only): 2 IRQ CPUs chosen by the pinning policy away from the
+  workers' CPUs (``nic_irq_pinning_count: 2``, ``nic_irq_pinning_exclude_cpus: 4-7``), and the cpusets fence
+  (``gpunode_tune_cpusets``): system services on those CPUs, the workload slice on the others.
+* **Diagnose again** under the same load, then **measure** ``--reps`` windows of ``--window`` seconds in each
+  phase: the workers' iterations per second (their own counters), per-CPU user/softirq from ``/proc/stat`` and
+  squeezes from ``/proc/net/softnet_stat`` (read in the guest, independently of the collection), and the receive
+  side (iperf3's own datagram and loss counts).
+
+It writes the results as Markdown (``--out``) and JSON (beside it), with min/median/max over the repetitions, and
+copies both diagnose reports next to them (``closed_loop_before/``, ``closed_loop_after/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "closed-loop-gpu-node"
+IFACE = "enp66s1"
+NETNS = "gpunode-loop"
+HOST_ADDR, GUEST_ADDR = "192.168.78.1", "192.168.78.2"
+WORKER_CPUS = (4, 5, 6, 7)
+# The workers: each counts iterations of a fixed piece of work and publishes (monotonic time, count) every 0.5 s.
+WORKER = r"""
+import os, sys, time
+path = sys.argv[1]
+count, last = 0, time.monotonic()
+while True:
+    for _ in range(2000):
+        pass
+    count += 1
+    now = time.monotonic()
+    if now - last >= 0.5:
+        with open(path + ".tmp", "w") as fh:
+            fh.write("%.6f %d\n" % (now, count))
+        os.replace(path + ".tmp", path)
+        last = now
+"""
+# One window in the guest: /proc/stat and softnet_stat before and after, and the workers' counters.
+WINDOW = r"""
+import glob, json, sys, time
+def stat():
+    out = {}
+    for line in open("/proc/stat"):
+        f = line.split()
+        if f[0].startswith("cpu") and f[0] != "cpu":
+            out[int(f[0][3:])] = [int(x) for x in f[1:9]]
+    return out
+def soft():
+    out = {}
+    for line in open("/proc/net/softnet_stat"):
+        f = line.split()
+        out[int(f[12], 16)] = (int(f[0], 16), int(f[1], 16), int(f[2], 16))
+    return out
+def workers():
+    out = {}
+    for path in glob.glob("/run/gpunode-loop/worker-*"):
+        if path.endswith(".tmp"):
+            continue
+        t, n = open(path).read().split()
+        out[path.rsplit("-", 1)[1]] = (float(t), int(n))
+    return out
+def dev():
+    for line in open("/proc/net/dev"):
+        if line.strip().startswith(sys.argv[2] + ":"):
+            f = line.split(":", 1)[1].split()
+            return {"rx_packets": int(f[1]), "rx_dropped": int(f[3])}
+s0, n0, w0, d0 = stat(), soft(), workers(), dev()
+time.sleep(float(sys.argv[1]))
+s1, n1, w1, d1 = stat(), soft(), workers(), dev()
+cpus = {}
+for cpu in s1:
+    delta = [b - a for a, b in zip(s0[cpu], s1[cpu])]
+    total = sum(delta) or 1
+    cpus[cpu] = {"user_pct": 100.0 * (delta[0] + delta[1]) / total, "softirq_pct": 100.0 * delta[6] / total,
+                 "squeezes": n1[cpu][2] - n0[cpu][2], "processed": n1[cpu][0] - n0[cpu][0], "dropped": n1[cpu][1] - n0[cpu][1]}
+rates = {}
+for cpu, (t1, c1) in w1.items():
+    t0, c0 = w0[cpu]
+    rates[cpu] = (c1 - c0) / (t1 - t0) if t1 > t0 else None
+print(json.dumps({"cpus": cpus, "workers": rates, "dev": {k: d1[k] - d0[k] for k in d1}}))
+"""
+
+
+def lab_module():
+    spec = importlib.util.spec_from_file_location("lab", ROOT / "tests" / "lab" / "lab.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+LAB = lab_module()
+
+
+def ssh(inst, command, check=True, timeout=300):
+    res = subprocess.run(LAB.ssh_base(inst["port"], Path(inst["identity_file"])) + [command], capture_output=True, text=True,
+                         timeout=timeout, check=False)
+    if check and res.returncode:
+        raise SystemExit("guest: %s -> rc %d\n%s%s" % (command, res.returncode, res.stdout, res.stderr))
+    return res.stdout
+
+
+def inventory(inst, base, extra):
+    hostvars = {
+        "ansible_host": "127.0.0.1", "ansible_port": inst["port"], "ansible_user": "root",
+        "ansible_ssh_private_key_file": inst["identity_file"],
+        "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        # The NIC and the model's scale (the diagnose playbook's own variables).
+        "diagnose_interface": IFACE, "diagnose_link_speed_mbps": 10000,
+        # Inventory for tune.yml: two IRQ CPUs away from the workers, the workload fence.
+        "nic_irq_pinning_interface": IFACE, "nic_irq_pinning_count": 2, "nic_irq_pinning_exclude_cpus": "4-7",
+        "gpunode_tune_cpusets": True,
+    }
+    hostvars.update(extra)
+    path = base / "inventory.json"
+    path.write_text(json.dumps({"all": {"hosts": {"gpu-node": hostvars}}}))
+    return path
+
+
+def playbook(inv, name, *extra):
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_COLLECTIONS_PATH=str(ROOT / "build" / "collections"),
+               ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_PIPELINING="True")
+    argv = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(inv), str(ROOT / "playbooks" / name)] + list(extra)
+    started = time.monotonic()
+    res = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=1800)
+    return res, time.monotonic() - started
+
+
+class Traffic:
+    """iperf3 UDP from a network namespace holding the data NIC's tap into iperf3 -s in the guest."""
+
+    def __init__(self, inst, rate, seconds):
+        self.inst, self.rate, self.seconds, self.client = inst, rate, seconds, None
+
+    def __enter__(self):
+        tap = self.inst["tap"]
+        subprocess.run(["ip", "netns", "add", NETNS], check=True)
+        subprocess.run(["ip", "link", "set", tap, "netns", NETNS], check=True)
+        for argv in (["ip", "addr", "add", HOST_ADDR + "/24", "dev", tap], ["ip", "link", "set", tap, "up"]):
+            subprocess.run(["ip", "netns", "exec", NETNS] + argv, check=True)
+        ssh(self.inst, "ip link set %s up; ip -4 addr show dev %s | grep -q %s || ip addr add %s/24 dev %s; "
+                       "systemd-run --unit gpunode-loop-iperf iperf3 -s -p 5201" % (IFACE, IFACE, GUEST_ADDR, GUEST_ADDR, IFACE))
+        time.sleep(2)
+        self.client = subprocess.Popen(["ip", "netns", "exec", NETNS, "iperf3", "-c", GUEST_ADDR, "-u", "-b", self.rate, "-l", "200",
+                                        "-t", str(self.seconds), "-P", "2", "-J"], stdout=subprocess.PIPE, text=True)
+        time.sleep(3)
+        return self
+
+    def stop(self):
+        """Stop the client; its JSON (sent datagrams) and the server's (received, lost) as reported."""
+        if self.client and self.client.poll() is None:
+            self.client.terminate()
+        out = self.client.communicate(timeout=60)[0] if self.client else ""
+        self.client = None
+        return out
+
+    def __exit__(self, *exc):
+        if self.client:
+            self.stop()
+        ssh(self.inst, "systemctl stop gpunode-loop-iperf", check=False)
+        subprocess.run(["ip", "-n", NETNS, "link", "set", self.inst["tap"], "netns", "1"], check=False)
+        subprocess.run(["ip", "netns", "del", NETNS], check=False)
+
+
+def start_workers(inst):
+    script = "/run/gpunode-loop/worker.py"
+    ssh(inst, "mkdir -p /run/gpunode-loop && cat > %s <<'EOF'\n%s\nEOF" % (script, WORKER))
+    for cpu in WORKER_CPUS:
+        ssh(inst, "systemd-run --unit gpunode-loop-worker-%d --slice gpunode-workload.slice -p CPUAffinity=%d "
+                  "python3 %s /run/gpunode-loop/worker-%d" % (cpu, cpu, script, cpu))
+    time.sleep(3)
+
+
+def window(inst, seconds):
+    script = "/run/gpunode-loop/window.py"
+    ssh(inst, "test -f %s || cat > %s <<'EOF'\n%s\nEOF" % (script, script, WINDOW))
+    data = json.loads(ssh(inst, "python3 %s %s %s" % (script, seconds, IFACE), timeout=seconds + 120))
+    data["cpus"] = {int(k): v for k, v in data["cpus"].items()}
+    data["workers"] = {int(k): v for k, v in data["workers"].items()}
+    return data
+
+
+def irq_cpus(inst):
+    out = ssh(inst, "for i in $(ls /sys/bus/pci/devices/0000:42:01.0/msi_irqs); do "
+                    "n=$(awk -v i=$i '$1==i\":\" {print $NF}' /proc/interrupts); case $n in virtio*-input*|virtio*-output*) "
+                    "cat /proc/irq/$i/effective_affinity_list;; esac; done")
+    return sorted(set(int(c) for c in out.split()))
+
+
+def summary(values):
+    values = [v for v in values if v is not None]
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)} if values else None
+
+
+def phase(inst, inv, label, reps, seconds, report_dir, squeeze_threshold):
+    res, wall = playbook(inv, "diagnose.yml", "-e", "diagnose_interval=10", "-e", "diagnose_report_dir=%s" % report_dir,
+                         "-e", "diagnose_squeeze_threshold=%s" % squeeze_threshold)
+    if res.returncode:
+        raise SystemExit("diagnose (%s) failed:\n%s" % (label, res.stdout[-3000:]))
+    report = json.loads((Path(report_dir) / "cluster.json").read_text())["hosts"][0]
+    windows = [window(inst, seconds) for _ in range(reps)]
+    irq = irq_cpus(inst)
+    return {
+        "label": label, "verdict": report["verdict"], "verdict_rule": report.get("verdict_rule"), "reasons": report["reasons"],
+        "irq_cpus": irq, "diagnose_wall_s": round(wall, 1),
+        "workers_per_s": summary([sum(w["workers"][c] for c in WORKER_CPUS) for w in windows]),
+        "per_worker_per_s": dict((c, summary([w["workers"][c] for w in windows])) for c in WORKER_CPUS),
+        "cpus": dict((c, {k: summary([w["cpus"][c][k] for w in windows]) for k in ("user_pct", "softirq_pct", "squeezes", "dropped")})
+                     for c in sorted(windows[0]["cpus"])),
+        "rx_packets": summary([w["dev"]["rx_packets"] for w in windows]),
+        "rx_dropped": summary([w["dev"]["rx_dropped"] for w in windows]),
+        "softnet_dropped": summary([sum(w["cpus"][c]["dropped"] for c in w["cpus"]) for w in windows]),
+        "windows": windows,
+    }
+
+
+def fmt(s, digits=1):
+    return "-" if s is None else "%.*f / %.*f / %.*f" % (digits, s["min"], digits, s["median"], digits, s["max"])
+
+
+def markdown(result):
+    b, a = result["before"], result["after"]
+    gain = 100.0 * (a["workers_per_s"]["median"] / b["workers_per_s"]["median"] - 1)
+    lines = [
+        "# closed-loop benchmark (#18)",
+        "",
+        "Command (repository root): `%s`" % result["command"],
+        "",
+        "Machine: %s, %d CPUs, %s. One lab `gpu-node` guest under TCG (8 vCPUs on this machine's 2 cores), a "
+        "scaled-down model of seed 000's node: 4 workers on CPUs 4-7 (the NIC's node) in `gpunode-workload.slice`, "
+        "iperf3 UDP %s of 200-byte datagrams into enp66s1, %d windows of %s s per phase (min / median / max)."
+        % (result["machine"], os.cpu_count(), result["date"], result["rate"], result["reps"], result["window"]),
+        "",
+        "| | before (driver's IRQ spread) | after (tune.yml: IRQs pinned away, workload fenced) |",
+        "|---|---|---|",
+        "| diagnose verdict | %s (%s) | %s (%s) |" % (b["verdict"], b["verdict_rule"], a["verdict"], a["verdict_rule"]),
+        "| queue IRQ CPUs | %s | %s |" % (",".join(map(str, b["irq_cpus"])), ",".join(map(str, a["irq_cpus"]))),
+        "| workers' iterations/s, all 4 | %s | %s |" % (fmt(b["workers_per_s"], 0), fmt(a["workers_per_s"], 0)),
+        "| packets received per window | %s | %s |" % (fmt(b["rx_packets"], 0), fmt(a["rx_packets"], 0)),
+        "| receive drops per window (netdev / softnet) | %s / %s | %s / %s |" % (
+            fmt(b["rx_dropped"], 0), fmt(b["softnet_dropped"], 0), fmt(a["rx_dropped"], 0), fmt(a["softnet_dropped"], 0)),
+        "",
+        "Workers' throughput, median over the windows: %+.1f %% after tuning." % gain,
+        "",
+        "Per CPU (user % / softirq % / squeezes per window, medians):",
+        "",
+        "| CPU | before user | before softirq | before squeezes | after user | after softirq | after squeezes |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for cpu in sorted(b["cpus"]):
+        bc, ac = b["cpus"][cpu], a["cpus"][cpu]
+        lines.append("| %d | %.1f | %.1f | %d | %.1f | %.1f | %d |" % (
+            cpu, bc["user_pct"]["median"], bc["softirq_pct"]["median"], bc["squeezes"]["median"],
+            ac["user_pct"]["median"], ac["softirq_pct"]["median"], ac["squeezes"]["median"]))
+    lines += ["", "Diagnose reasons before: %s" % "; ".join(b["reasons"]), "", "Diagnose reasons after: %s" % "; ".join(a["reasons"]),
+              "", "The diagnose reports: [before](closed_loop_before/cluster.html), [after](closed_loop_after/cluster.html).",
+              "", "tune.yml: %.0f s, exit %d; its drift report afterwards (check mode): %s." % (
+                  result["tune_wall_s"], result["tune_rc"], result["drift_gate"])]
+    return "\n".join(lines) + "\n", gain
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", default="10M")
+    parser.add_argument("--window", type=float, default=20.0)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--squeeze-threshold", type=float, default=5.0,
+                        help="diagnose_squeeze_threshold for the model (squeezes per 10 s on the IRQ CPUs)")
+    parser.add_argument("--port", type=int, default=22295)
+    parser.add_argument("--out", default=None)
+    options = parser.parse_args(argv)
+    command = "%s %s" % (Path(sys.executable).name, " ".join([str(Path(__file__).relative_to(ROOT))] + (argv or sys.argv[1:])))
+    out = Path(options.out) if options.out else None
+    with tempfile.TemporaryDirectory(prefix="closed-loop-") as tmp:
+        base = Path(tmp)
+        LAB.up(NAME, "gpu-node", options.port)
+        inst = LAB.load_instance(NAME)
+        try:
+            inv = inventory(inst, base, {})
+            # A node whose IRQs were never tuned: irqbalance stopped, the driver's own spread (LAB.md).
+            ssh(inst, "systemctl stop irqbalance; ethtool -L %s combined 6" % IFACE)
+            start_workers(inst)
+            seconds = int(options.reps * options.window * 2 + 600)
+            with Traffic(inst, options.rate, seconds) as traffic:
+                before = phase(inst, inv, "before", options.reps, options.window, base / "before", options.squeeze_threshold)
+                res, tune_wall = playbook(inv, "tune.yml", "-e", "gpunode_tune_report_dir=%s" % (base / "tune"))
+                if res.returncode:
+                    raise SystemExit("tune.yml failed:\n%s" % res.stdout[-4000:])
+                after = phase(inst, inv, "after", options.reps, options.window, base / "after", options.squeeze_threshold)
+                iperf = traffic.stop()
+            check, dummy = playbook(inv, "tune.yml", "--check", "-e", "gpunode_tune_report_dir=%s" % (base / "drift"))
+            drift = json.loads((base / "drift" / "cluster.json").read_text())
+            result = {"command": command, "machine": platform.platform(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                      "rate": options.rate, "window": options.window, "reps": options.reps,
+                      "squeeze_threshold": options.squeeze_threshold, "before": before, "after": after,
+                      "tune_wall_s": tune_wall, "tune_rc": res.returncode, "drift_gate": drift["gate_text"],
+                      "iperf3": json.loads(iperf) if iperf.strip().startswith("{") else None}
+            text, gain = markdown(result)
+            result["gain_pct"] = gain
+            print(text)
+            if out:
+                out.write_text(text)
+                out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+                for label in ("before", "after"):
+                    dest = out.parent / ("closed_loop_%s" % label)
+                    shutil.rmtree(dest, ignore_errors=True)
+                    shutil.copytree(base / label, dest)
+        finally:
+            LAB.down(NAME)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
