@@ -84,6 +84,22 @@ def build_fleet(base, count):
     return trees, inventory
 
 
+def start_writers(fleet, trees):
+    """One writer per CPU (at most 4), each rewriting softnet_stat and stat of its share of the trees every 0.5 s
+    (NET_RX and link counters stay at their first values: the verdicts do not depend on them). A writer must refresh
+    every tree inside the sampling interval; its longest pass is in fleet/writerN/stats.json.
+    Returns ([(process, stop_file)], shards)."""
+    writers = []
+    shards = max(1, min(os.cpu_count() or 1, 4))
+    for shard in range(shards):
+        workdir = fleet / ("writer%d" % shard)
+        workdir.mkdir()
+        writers.append(softnet_load.start_writer(
+            {"trees": trees[shard::shards], "period": 0.5, "max_seconds": 3600,
+             "files": ["net/softnet_stat", "stat"], "stats_file": str(workdir / "stats.json")}, workdir))
+    return writers, shards
+
+
 def run_play(inventory, report_dir, interval, forks, sequential):
     env = dict(os.environ)
     env["PATH"] = "%s:%s" % (ROOT / ".venv" / "bin", env.get("PATH", ""))
@@ -160,17 +176,7 @@ def main(argv=None):
         for count in options.hosts:
             fleet = base / ("fleet%d" % count)
             trees, inventory = build_fleet(fleet, count)
-            # One writer per CPU, each rewriting softnet_stat and stat of its share of the trees every 0.5 s (NET_RX
-            # and link counters stay at their first values: the verdicts do not depend on them). A writer must
-            # refresh every tree inside the sampling interval; its longest pass is recorded.
-            writers = []
-            shards = max(1, min(os.cpu_count() or 1, 4))
-            for shard in range(shards):
-                workdir = fleet / ("writer%d" % shard)
-                workdir.mkdir()
-                writers.append(softnet_load.start_writer(
-                    {"trees": trees[shard::shards], "period": 0.5, "max_seconds": 3600,
-                     "files": ["net/softnet_stat", "stat"], "stats_file": str(workdir / "stats.json")}, workdir))
+            writers, shards = start_writers(fleet, trees)
             try:
                 load_before = os.getloadavg()[0]
                 wall_async, counts_async = run_play(inventory, fleet / "report-async", options.interval, options.forks, False)

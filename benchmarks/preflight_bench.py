@@ -32,19 +32,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "build" / "collections"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 sys.path.insert(0, str(ROOT / "tests" / "unit" / "fixtures" / "softnet_load"))
 
 import softnet_load  # noqa: E402
 from cpuidle_tree import sysfs_from_idle_info  # noqa: E402
-from diagnose_bench import COLLECTIONS, build_fleet, ensure_collection_tree, fit  # noqa: E402
+from diagnose_bench import COLLECTIONS, build_fleet, ensure_collection_tree, fit, start_writers  # noqa: E402
 
 IDLE = ROOT / "tests" / "unit" / "fixtures" / "cpu_power" / "cpupower" / "idle_intel_idle_server_c6.txt"
 
 
 def add_hardware(fleet, count):
-    sys.path.insert(0, str(COLLECTIONS))
     from ansible_collections.gpunode.tuning.plugins.module_utils._cpupower import parse_idle_info
 
     idle = parse_idle_info(IDLE.read_text())
@@ -77,7 +77,6 @@ def run_play(inventory, report_dir, interval, forks):
 
 def report_cpu(report_dir):
     """CPU seconds of the controller side alone, from the run's cluster.json: re-render the four formats."""
-    sys.path.insert(0, str(COLLECTIONS))
     from ansible_collections.gpunode.tuning.plugins.module_utils import _cluster_report as C
 
     report = json.loads((Path(report_dir) / "cluster.json").read_text())
@@ -105,14 +104,7 @@ def main(argv=None):
             fleet = base / ("fleet%d" % count)
             trees, inventory = build_fleet(fleet, count)
             add_hardware(fleet, count)
-            writers = []
-            shards = max(1, min(os.cpu_count() or 1, 4))
-            for shard in range(shards):
-                workdir = fleet / ("writer%d" % shard)
-                workdir.mkdir()
-                writers.append(softnet_load.start_writer(
-                    {"trees": trees[shard::shards], "period": 0.5, "max_seconds": 3600,
-                     "files": ["net/softnet_stat", "stat"], "stats_file": str(workdir / "stats.json")}, workdir))
+            writers, dummy = start_writers(fleet, trees)
             try:
                 load_before = os.getloadavg()[0]
                 wall, rc, report = run_play(inventory, fleet / "report", options.interval, options.forks)

@@ -34,10 +34,14 @@ are kept as they are. Rules:
   findings worst first, otherwise in input order; ``checks`` in order of
   first appearance over the hosts in input order, except that
   ``host:reachable`` leads when some host could not be checked;
-* ``rows`` merge hosts whose cells are identical (per check: status, fatal
-  and messages); ``groups`` merge identical ``(check, status, fatal,
-  message)`` across hosts. Both sort worst first, then biggest first. Host
-  lists are Slurm hostlist strings (:func:`_hostlist.compress`).
+* ``rows`` merge hosts whose cells have the same status and fatal flag in
+  every check (messages quote each host's own numbers, so they are not part
+  of the key: a healthy 1,000-node cluster is one row); ``groups`` merge the
+  findings of one ``(check, status, fatal)`` across hosts. A row's cells and
+  a group keep up to :data:`MAX_MESSAGES` distinct messages (``messages``)
+  and count them all (``distinct``); a group's ``message`` is its first.
+  Both sort worst first, then biggest first. Host lists are Slurm hostlist
+  strings (:func:`_hostlist.compress`).
 
 Everything is built with dictionaries keyed by content, so the work grows
 with the number of findings, not with hosts squared.
@@ -65,6 +69,8 @@ WORDS = {"fatal": "fatal", "fail": "fail", "warn": "warn", "unknown": "unknown",
 GATES = ("go", "no_go")
 DEFAULT_GATE_LABELS = {"go": "GO", "no_go": "NO-GO"}
 HOST_CHECK = "host:reachable"
+# Distinct messages kept per row cell and per group (their total is in "distinct").
+MAX_MESSAGES = 5
 HOST_ERROR_SOURCE = "cluster_report"
 HOST_ERROR_FIX = "Make the host reachable and its checks runnable, then run the report again."
 FINDING_KEYS = ("check", "status", "message", "evidence", "fix", "fatal")
@@ -291,14 +297,19 @@ def build_report(kind, title, hosts, generated_at, gate_labels=None):
             counts[bucket] += 1
             if worst is None or _RANK[bucket] < _RANK[worst]:
                 worst = bucket
-            key = (item["check"], item["status"], item["fatal"], item["message"])
+            key = (item["check"], item["status"], item["fatal"])
             group = group_index.get(key)
             if group is None:
                 group = group_index[key] = {"check": item["check"], "status": item["status"], "fatal": item["fatal"],
-                                            "message": item["message"], "fix": item["fix"], "hosts": [], "_seen": set(),
-                                            "findings": 0}
+                                            "message": item["message"], "messages": [], "distinct": 0, "_messages": set(),
+                                            "fix": item["fix"], "hosts": [], "_seen": set(), "findings": 0}
             if group["fix"] is None:
                 group["fix"] = item["fix"]
+            if item["message"] not in group["_messages"]:
+                group["_messages"].add(item["message"])
+                group["distinct"] += 1
+                if len(group["messages"]) < MAX_MESSAGES:
+                    group["messages"].append(item["message"])
             group["findings"] += 1
             if name not in group["_seen"]:
                 group["_seen"].add(name)
@@ -320,26 +331,37 @@ def build_report(kind, title, hosts, generated_at, gate_labels=None):
     row_index = {}
     rows = []
     for entry in entries:
-        signature = tuple(sorted((check, cell["status"], cell["fatal"], tuple(cell["messages"]))
-                                 for check, cell in entry["cells"].items()))
+        # The same status (and fatal) in every check: one row. Messages quote each host's own numbers (squeezes,
+        # temperatures), so keying on them would give a 1,000-node cluster 1,000 rows.
+        signature = tuple(sorted((check, cell["status"], cell["fatal"]) for check, cell in entry["cells"].items()))
         row = row_index.get(signature)
         if row is None:
             row = row_index[signature] = {"hosts": [], "worst": entry["worst"], "fatal": entry["fatal"],
-                                          "cells": dict((check, dict(cell, count=0, messages=list(cell["messages"])))
+                                          "cells": dict((check, dict(cell, count=0, messages=[], distinct=0, _seen=set()))
                                                         for check, cell in entry["cells"].items())}
             rows.append(row)
         row["hosts"].append(entry["host"])
         for check, cell in entry["cells"].items():
-            row["cells"][check]["count"] += cell["count"]
+            merged = row["cells"][check]
+            merged["count"] += cell["count"]
+            for message in cell["messages"]:
+                if message not in merged["_seen"]:
+                    merged["_seen"].add(message)
+                    merged["distinct"] += 1
+                    if len(merged["messages"]) < MAX_MESSAGES:
+                        merged["messages"].append(message)
     for row in rows:
         row["hostlist"] = hostlist(row["hosts"])
         row["count"] = len(row["hosts"])
+        for cell in row["cells"].values():
+            del cell["_seen"]
     rows.sort(key=lambda row: (_RANK[row["worst"]], -row["count"], host_keys[row["hosts"][0]]))
 
     check_pos = dict((check, pos) for pos, check in enumerate(checks))
     groups = list(group_index.values())
     for group in groups:
         del group["_seen"]
+        del group["_messages"]
         group["hosts"].sort(key=host_keys.__getitem__)
         group["hostlist"] = hostlist(group["hosts"])
         group["count"] = len(group["hosts"])
@@ -417,6 +439,12 @@ def _group_label(group):
     return "%s%s" % ("FATAL " if group["fatal"] else "", SHORT[group["status"]])
 
 
+def group_message(group):
+    """A group's first message, and how many other distinct messages its hosts gave (their own numbers)."""
+    others = group.get("distinct", 1) - 1
+    return group["message"] + (" (and %d other message%s)" % (others, "" if others == 1 else "s") if others > 0 else "")
+
+
 def render_markdown(report):
     """Markdown: title, gate line, counts, "What to fix" (the non-pass groups), then one table row per row of hosts."""
     _check_report(report, "render_markdown")
@@ -431,7 +459,7 @@ def render_markdown(report):
     if not todo:
         lines.append("Nothing: every finding passes.")
     for group in todo:
-        lines.append("- **%s** `%s`: %s" % (_group_label(group), _md(group["check"]).replace("`", "'"), _md(group["message"])))
+        lines.append("- **%s** `%s`: %s" % (_group_label(group), _md(group["check"]).replace("`", "'"), _md(group_message(group))))
         lines.append("  - hosts (%d): %s" % (group["count"], _md(group["hostlist"])))
         if group.get("fix"):
             lines.append("  - fix: %s" % _md(group["fix"]))
@@ -546,7 +574,7 @@ def render_html(report):
         out.append('<li class="group status-%s%s" data-check="%s">%s <code>%s</code> <span class="msg">%s</span><br>'
                    '<span class="hostlist">%s</span> (%s)%s</li>' % (
                        _esc(group["status"]), " fatal" if group["fatal"] else "", _esc(group["check"]), _badge(worst),
-                       _esc(group["check"]), _esc(group["message"]), _esc(group["hostlist"]),
+                       _esc(group["check"]), _esc(group_message(group)), _esc(group["hostlist"]),
                        _esc(_plural(group["count"], "host")),
                        '<br>fix: <span class="fixtext">%s</span>' % _esc(group["fix"]) if group.get("fix") else ""))
     out.append("</ol>")
@@ -649,7 +677,7 @@ def render_lines(report, limit=10):
     todo = [group for group in report["groups"] if group["status"] != "pass"]
     for group in todo[:limit]:
         lines.append("%s %s on %s (%s): %s%s" % (
-            _group_label(group), group["check"], group["hostlist"], _plural(group["count"], "host"), _one_line(group["message"]),
+            _group_label(group), group["check"], group["hostlist"], _plural(group["count"], "host"), _one_line(group_message(group)),
             "; fix: %s" % _one_line(group["fix"]) if group.get("fix") else ""))
     more = len(todo) - limit
     if more > 0:

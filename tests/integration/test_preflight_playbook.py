@@ -17,8 +17,6 @@ import os
 import re
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ sys.path.insert(0, str(ROOT / "tests" / "unit"))
 sys.path.insert(0, str(ROOT / "tests" / "unit" / "fixtures" / "softnet_load"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import reportcheck  # noqa: E402
 import softnet_load  # noqa: E402
 import treegen  # noqa: E402
 from cpuidle_tree import sysfs_from_idle_info  # noqa: E402
@@ -78,19 +77,6 @@ def run_preflight(inventory, report_dir, *extra):
     return subprocess.run(argv, env=env, cwd=str(report_dir.parent), capture_output=True, text=True, timeout=300, check=False)
 
 
-class Grid(HTMLParser):
-    def __init__(self):
-        HTMLParser.__init__(self)
-        self.gate, self.rows, self.in_grid = None, 0, False
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        if attrs.get("id") == "gate":
-            self.gate = attrs.get("class")
-        if tag == "tr" and "row" in (attrs.get("class") or "").split():
-            self.rows += 1
-
-
 def findings(report, host):
     return dict((f["check"], f) for h in report["hosts"] if h["host"] == host for f in h["findings"])
 
@@ -120,12 +106,11 @@ def test_preflight_gates_on_the_fatal_findings_and_writes_four_reports(fleet):
         assert {"irq:layout", "softnet:contention", "gpu:gpu_present", "platform:smmuv3", "cpu_power:idle"} <= set(checks), sorted(checks)
         assert not any(check.endswith(":check") for check in checks), [checks[k] for k in checks if k.endswith(":check")]
     # The four formats agree.
-    junit = ET.parse(report_dir / "cluster.junit.xml").getroot()
+    junit = reportcheck.junit(report_dir / "cluster.junit.xml")
     assert junit.tag == "testsuites" and int(junit.get("failures")) == report["counts"]["fatal"] >= 2
     suites = dict((s.get("name"), s) for s in junit.iter("testsuite"))
     assert sorted(suites) == sorted(HOSTS) and int(suites["gpu-c"].get("failures")) == 0
-    page = Grid()
-    page.feed((report_dir / "cluster.html").read_text())
+    page = reportcheck.grid(report_dir / "cluster.html")
     assert page.gate == "no-go" and page.rows == len(report["rows"]) >= 2
     markdown = (report_dir / "cluster.md").read_text()
     assert "NO-GO" in markdown and "gpu:gpu_present" in markdown

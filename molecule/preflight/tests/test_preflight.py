@@ -19,16 +19,15 @@ from __future__ import annotations
 import json
 import re
 import sys
-import xml.etree.ElementTree as ET
-from html.parser import HTMLParser
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
-from labtest import EPHEMERAL, GPU, REPO, SCENARIO, playbook, probe, ssh, wait_until  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "unit"))
+from labtest import EPHEMERAL, GPU, SCENARIO, playbook, probe, ssh, wait_until  # noqa: E402
+from reportcheck import grid, junit as validate_junit  # noqa: E402
 
 NAME = GPU["name"]
 CONVERGE = SCENARIO / "converge.yml"
-XSD = REPO / "tests" / "unit" / "fixtures" / "junit" / "junit-10.xsd"
 PLANT = "gpunode-numa-plant"
 
 
@@ -39,27 +38,6 @@ def load(tag):
 def findings(report):
     assert [h["host"] for h in report["hosts"]] == [NAME]
     return dict((f["check"], f) for f in report["hosts"][0]["findings"])
-
-
-def validate_junit(path):
-    from lxml import etree  # test-only dependency (requirements-dev.txt)
-    schema = etree.XMLSchema(etree.parse(str(XSD)))
-    doc = etree.parse(str(path))
-    assert schema.validate(doc), schema.error_log
-    return ET.parse(path).getroot()
-
-
-class Grid(HTMLParser):
-    def __init__(self):
-        HTMLParser.__init__(self)
-        self.gate, self.rows = None, 0
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        if attrs.get("id") == "gate":
-            self.gate = attrs.get("class")
-        if tag == "tr" and "row" in (attrs.get("class") or "").split():
-            self.rows += 1
 
 
 def test_converge_report_says_go_with_the_vm_verdicts_as_such():
@@ -93,8 +71,7 @@ def test_converge_report_says_go_with_the_vm_verdicts_as_such():
     assert dict((k, f["status"]) for k, f in check.items()) == dict((k, f["status"]) for k, f in found.items())
     junit = validate_junit(EPHEMERAL / "preflight-run" / "cluster.junit.xml")
     assert int(junit.get("failures")) == 0 and int(junit.get("tests")) == len(found)
-    page = Grid()
-    page.feed((EPHEMERAL / "preflight-run" / "cluster.html").read_text())
+    page = grid(EPHEMERAL / "preflight-run" / "cluster.html")
     assert page.gate == "go" and page.rows == 1
 
 
