@@ -19,11 +19,13 @@ virtio data NIC enp66s1 on node 1):
   namespace that holds the data NIC's tap on the host side, into ``iperf3 -s`` in the guest. The queue IRQs start
   where virtio_net puts them (``ethtool -L`` to the queue count rewrites its own spread: CPUs 4-7), irqbalance
   stopped (as a node whose IRQs were never tuned, with the spread the driver chose).
-* **Diagnose** (``playbooks/diagnose.yml``, inventory variables only; squeeze threshold scaled to the model, see
-  below) under the load: the verdict and per-CPU softirq/user/squeezes.
+* **Diagnose** (``playbooks/diagnose.yml``, inventory variables only, its default thresholds) under the load: the
+  verdict and per-CPU softirq/user/squeezes.
 * **Tune** (``playbooks/tune.yml``, inventory variables only): 2 IRQ CPUs chosen by the pinning policy away from the
   workers' CPUs (``nic_irq_pinning_count: 2``, ``nic_irq_pinning_exclude_cpus: 4-7``), and the cpusets fence
   (``gpunode_tune_cpusets``): system services on those CPUs, the workload slice on the others.
+* **The next job**: the workers started again with the same binding (4-7): on kernel 6.1 the fence's cpuset write
+  reset the affinity of the workers that were running, which then spread over the slice's CPUs.
 * **Diagnose again** under the same load, then **measure** ``--reps`` windows of ``--window`` seconds in each
   phase: the workers' iterations per second (their own counters), per-CPU user/softirq from ``/proc/stat`` and
   squeezes from ``/proc/net/softnet_stat`` (read in the guest, independently of the collection), and the receive
@@ -177,17 +179,17 @@ class Traffic:
                        "systemd-run --unit gpunode-loop-iperf iperf3 -s -p 5201" % (IFACE, IFACE, GUEST_ADDR, GUEST_ADDR, IFACE))
         time.sleep(2)
         self.client = subprocess.Popen(["ip", "netns", "exec", NETNS, "iperf3", "-c", GUEST_ADDR, "-u", "-b", self.rate, "-l", "200",
-                                        "-t", str(self.seconds), "-P", "2", "-J"], stdout=subprocess.PIPE, text=True)
+                                        "-t", str(self.seconds), "-P", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(3)
         return self
 
     def stop(self):
-        """Stop the client; its JSON (sent datagrams) and the server's (received, lost) as reported."""
+        """Stop the client (the receive side is measured in the guest: /proc/net/dev and softnet_stat)."""
         if self.client and self.client.poll() is None:
             self.client.terminate()
-        out = self.client.communicate(timeout=60)[0] if self.client else ""
+        if self.client:
+            self.client.wait(timeout=60)
         self.client = None
-        return out
 
     def __exit__(self, *exc):
         if self.client:
@@ -198,8 +200,12 @@ class Traffic:
 
 
 def start_workers(inst):
+    """The workers as a launcher starts a job: one unit per CPU of WORKER_CPUS, in the workload slice (started again
+    after tune.yml, as the next job on the tuned node: on kernel 6.1 writing a cgroup v2 cpuset resets the CPU
+    affinity of the tasks already in it, so the running workers lost their binding when the fence was applied)."""
     script = "/run/gpunode-loop/worker.py"
     ssh(inst, "mkdir -p /run/gpunode-loop && cat > %s <<'EOF'\n%s\nEOF" % (script, WORKER))
+    ssh(inst, "systemctl stop 'gpunode-loop-worker-*' 2>/dev/null; rm -f /run/gpunode-loop/worker-[0-9]*; true")
     for cpu in WORKER_CPUS:
         ssh(inst, "systemd-run --unit gpunode-loop-worker-%d --slice gpunode-workload.slice -p CPUAffinity=%d "
                   "python3 %s /run/gpunode-loop/worker-%d" % (cpu, cpu, script, cpu))
@@ -218,7 +224,7 @@ def window(inst, seconds):
 def irq_cpus(inst):
     out = ssh(inst, "for i in $(ls /sys/bus/pci/devices/0000:42:01.0/msi_irqs); do "
                     "n=$(awk -v i=$i '$1==i\":\" {print $NF}' /proc/interrupts); case $n in virtio*-input*|virtio*-output*) "
-                    "cat /proc/irq/$i/effective_affinity_list;; esac; done")
+                    "cat /proc/irq/$i/smp_affinity_list;; esac; done")
     return sorted(set(int(c) for c in out.split()))
 
 
@@ -227,9 +233,8 @@ def summary(values):
     return {"min": min(values), "median": statistics.median(values), "max": max(values)} if values else None
 
 
-def phase(inst, inv, label, reps, seconds, report_dir, squeeze_threshold):
-    res, wall = playbook(inv, "diagnose.yml", "-e", "diagnose_interval=10", "-e", "diagnose_report_dir=%s" % report_dir,
-                         "-e", "diagnose_squeeze_threshold=%s" % squeeze_threshold)
+def phase(inst, inv, label, reps, seconds, report_dir):
+    res, wall = playbook(inv, "diagnose.yml", "-e", "diagnose_interval=10", "-e", "diagnose_report_dir=%s" % report_dir)
     if res.returncode:
         raise SystemExit("diagnose (%s) failed:\n%s" % (label, res.stdout[-3000:]))
     report = json.loads((Path(report_dir) / "cluster.json").read_text())["hosts"][0]
@@ -237,7 +242,8 @@ def phase(inst, inv, label, reps, seconds, report_dir, squeeze_threshold):
     irq = irq_cpus(inst)
     return {
         "label": label, "verdict": report["verdict"], "verdict_rule": report.get("verdict_rule"), "reasons": report["reasons"],
-        "irq_cpus": irq, "diagnose_wall_s": round(wall, 1),
+        "irq_cpus": irq, "diagnose_wall_s": round(wall, 1), "affinity": ssh(inst, "for c in %s; do taskset -cp $(systemctl show -P MainPID "
+                                                                      "gpunode-loop-worker-$c); done" % " ".join(map(str, WORKER_CPUS))),
         "workers_per_s": summary([sum(w["workers"][c] for c in WORKER_CPUS) for w in windows]),
         "per_worker_per_s": dict((c, summary([w["workers"][c] for w in windows])) for c in WORKER_CPUS),
         "cpus": dict((c, {k: summary([w["cpus"][c][k] for w in windows]) for k in ("user_pct", "softirq_pct", "squeezes", "dropped")})
@@ -269,7 +275,9 @@ def markdown(result):
         "| | before (driver's IRQ spread) | after (tune.yml: IRQs pinned away, workload fenced) |",
         "|---|---|---|",
         "| diagnose verdict | %s (%s) | %s (%s) |" % (b["verdict"], b["verdict_rule"], a["verdict"], a["verdict_rule"]),
-        "| queue IRQ CPUs | %s | %s |" % (",".join(map(str, b["irq_cpus"])), ",".join(map(str, a["irq_cpus"]))),
+        "| queue IRQ CPUs (smp_affinity_list) | %s | %s |" % (",".join(map(str, b["irq_cpus"])), ",".join(map(str, a["irq_cpus"]))),
+        "| workers' CPU affinity | %s | %s |" % (" ".join(b["affinity"].split()).replace("pid", "<br>pid").replace("<br>", "", 1),
+                                                 " ".join(a["affinity"].split()).replace("pid", "<br>pid").replace("<br>", "", 1)),
         "| workers' iterations/s, all 4 | %s | %s |" % (fmt(b["workers_per_s"], 0), fmt(a["workers_per_s"], 0)),
         "| packets received per window | %s | %s |" % (fmt(b["rx_packets"], 0), fmt(a["rx_packets"], 0)),
         "| receive drops per window (netdev / softnet) | %s / %s | %s / %s |" % (
@@ -299,9 +307,8 @@ def main(argv=None):
     parser.add_argument("--rate", default="10M")
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--squeeze-threshold", type=float, default=5.0,
-                        help="diagnose_squeeze_threshold for the model (squeezes per 10 s on the IRQ CPUs)")
     parser.add_argument("--port", type=int, default=22295)
+    # Needs iperf3 on this machine too (the client runs in the namespace): apt-get install iperf3.
     parser.add_argument("--out", default=None)
     options = parser.parse_args(argv)
     command = "%s %s" % (Path(sys.executable).name, " ".join([str(Path(__file__).relative_to(ROOT))] + (argv or sys.argv[1:])))
@@ -315,21 +322,25 @@ def main(argv=None):
             # A node whose IRQs were never tuned: irqbalance stopped, the driver's own spread (LAB.md).
             ssh(inst, "systemctl stop irqbalance; ethtool -L %s combined 6" % IFACE)
             start_workers(inst)
-            seconds = int(options.reps * options.window * 2 + 600)
+            # The traffic outlasts both phases and tune.yml (about 12 min under TCG); it is stopped at the end.
+            seconds = 3600
             with Traffic(inst, options.rate, seconds) as traffic:
-                before = phase(inst, inv, "before", options.reps, options.window, base / "before", options.squeeze_threshold)
+                before = phase(inst, inv, "before", options.reps, options.window, base / "before")
                 res, tune_wall = playbook(inv, "tune.yml", "-e", "gpunode_tune_report_dir=%s" % (base / "tune"))
                 if res.returncode:
                     raise SystemExit("tune.yml failed:\n%s" % res.stdout[-4000:])
-                after = phase(inst, inv, "after", options.reps, options.window, base / "after", options.squeeze_threshold)
-                iperf = traffic.stop()
-            check, dummy = playbook(inv, "tune.yml", "--check", "-e", "gpunode_tune_report_dir=%s" % (base / "drift"))
-            drift = json.loads((base / "drift" / "cluster.json").read_text())
+                start_workers(inst)
+                print(json.dumps({"before": dict((k, v) for k, v in before.items() if k != "windows")}, default=str), flush=True)
+                after = phase(inst, inv, "after", options.reps, options.window, base / "after")
+                print(json.dumps({"after": dict((k, v) for k, v in after.items() if k != "windows")}, default=str), flush=True)
+                traffic.stop()
+            playbook(inv, "tune.yml", "--check", "-e", "gpunode_tune_report_dir=%s" % (base / "drift"))
+            drift_file = base / "drift" / "cluster.json"
+            drift = json.loads(drift_file.read_text()) if drift_file.exists() else {"gate_text": "no drift report (tune.yml --check failed)"}
             result = {"command": command, "machine": platform.platform(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                       "rate": options.rate, "window": options.window, "reps": options.reps,
-                      "squeeze_threshold": options.squeeze_threshold, "before": before, "after": after,
-                      "tune_wall_s": tune_wall, "tune_rc": res.returncode, "drift_gate": drift["gate_text"],
-                      "iperf3": json.loads(iperf) if iperf.strip().startswith("{") else None}
+                      "before": before, "after": after,
+                      "tune_wall_s": tune_wall, "tune_rc": res.returncode, "drift_gate": drift["gate_text"]}
             text, gain = markdown(result)
             result["gain_pct"] = gain
             print(text)

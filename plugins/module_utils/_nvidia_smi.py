@@ -201,6 +201,8 @@ def _gpu(gpu):
         "persistence_mode": to_flag(_text(gpu, "persistence_mode"), "persistence_mode"),
         "clocks": _clocks(gpu.find("clocks"), "clocks"),
         "max_clocks": _clocks(gpu.find("max_clocks"), "max_clocks"),
+        "applications_clocks": _clocks(gpu.find("applications_clocks"), "applications_clocks"),
+        "default_applications_clocks": _clocks(gpu.find("default_applications_clocks"), "default_applications_clocks"),
         "power": {
             "draw": _number_of(power, "power", "power_draw", "instant_power_draw", "average_power_draw"),
             "limit": _number_of(power, "power", "current_power_limit", "power_limit", "enforced_power_limit"),
@@ -340,6 +342,22 @@ def _temperature(gpu):
     return _finding("temperature", gpu, "pass", "GPU at %s C, below slowdown threshold %s C" % (temp["gpu"], temp["slowdown"]), temp)
 
 
+def _app_clocks(gpu):
+    app, default = gpu["applications_clocks"], gpu["default_applications_clocks"]
+    evidence = {"applications": app, "default_applications": default, "max": gpu["max_clocks"]}
+    if app["graphics"] is None or default["graphics"] is None:
+        return _finding("applications_clocks", gpu, "not_applicable", "application clocks are not reported", evidence)
+    lowered = [name for name in ("graphics", "mem") if app[name] is not None and default[name] is not None and app[name] < default[name]]
+    if lowered:
+        return _finding(
+            "applications_clocks", gpu, "warn", "application clocks lowered below their defaults: %s" % ", ".join(
+                "%s %s < %s MHz" % (name, app[name], default[name]) for name in lowered), evidence,
+            "reset them with nvidia-smi -rac (or -ac to the default pair) unless the cap is deliberate",
+        )
+    return _finding("applications_clocks", gpu, "pass", "application clocks at their defaults (graphics %s MHz, max %s MHz)" % (
+        app["graphics"], gpu["max_clocks"]["graphics"]), evidence)
+
+
 def _power_cap(gpu):
     power = gpu["power"]
     if power["limit"] is None or power["max_limit"] is None:
@@ -373,6 +391,6 @@ def gpu_findings(parsed):
         )
     findings = []
     for gpu in parsed["gpus"]:
-        for check in (_row_remap, _retired, _ecc, _throttle, _persistence, _temperature, _power_cap, _fabric):
+        for check in (_row_remap, _retired, _ecc, _throttle, _persistence, _temperature, _app_clocks, _power_cap, _fabric):
             findings.append(check(gpu))
     return findings

@@ -20,7 +20,8 @@ description:
     v13 (C(clocks_event_reasons)) and pre-DTD files all parse: pending or failed row remapping, pending page
     retirement, uncorrectable ECC errors, active clock-limiting reasons (idle and application clocks are benign;
     hardware, power-brake and thermal slowdowns fail), persistence mode, temperature against the slowdown
-    threshold, the power limit against the GPU's maximum, and the NVLink fabric registration state."
+    threshold, application clocks against their defaults, the power limit against the GPU's maximum, and the NVLink
+    fabric registration state (per-link NVLink state is not in C(nvidia-smi -q -x); it is not checked)."
   - With O(dcgm_level), C(dcgmi diag -r LEVEL), parsed for the DCGM 2.x/3.x table and the 4.x per-plugin layout;
     one finding per test, and a C(Skip) is V(not_applicable), never a pass.
   - Read-only (C(dcgmi diag) loads the GPUs for its duration; run it when no job runs).
@@ -83,7 +84,8 @@ RETURN = r"""
 findings:
   description:
     - C(check) (C(gpu_present), C(remapped_rows), C(retired_pages), C(ecc_uncorrectable), C(clock_event_reasons),
-      C(persistence_mode), C(temperature), C(power_limit), C(fabric), C(dcgm:<test>)), C(status), C(message),
+      C(persistence_mode), C(temperature), C(applications_clocks), C(power_limit), C(fabric), C(dcgm), C(dcgm:<test>)),
+      C(status), C(message),
       C(evidence), C(fix) and C(gpu) (the PCI bus id, or the failing GPU indexes for DCGM).
   returned: always
   type: list

@@ -11,9 +11,15 @@ host that never reached the container. The tests run in file order:
   2  enroot start and a pyxis job (srun --container-image): the same through
      mounts.d/environ.d, and nccl.conf too; without the module's two entries:
      neither
-  3  the mount taken away by hand: the role's verification fails, naming the
+  3  playbooks/preflight.yml (the nccl_topology role in check mode, its probe):
+     nccl:topology passes with the host file's checksum inside, the NCCL
+     variables inside are reported, no RDMA device so container_hcas is
+     not_applicable; with the CDI spec taken away the container lacks the
+     variable, nccl:topology is fatal, the playbook exits non-zero and nothing
+     was written back
+  4  the mount taken away by hand: the role's verification fails, naming the
      file as the missing half, and check mode wrote nothing back
-  4  state=absent removes every file the module wrote
+  5  state=absent removes every file the module wrote
 """
 
 from __future__ import annotations
@@ -81,6 +87,32 @@ def test_enroot_sees_both_through_mounts_d_and_environ_d_and_neither_without_the
         assert "VAR=\n" in job and SHA not in job, job
     finally:
         ssh(NAME, "mv /root/away/* /etc/enroot/mounts.d/ && mv /etc/enroot/mounts.d/50-gpunode-nccl.env /etc/enroot/environ.d/")
+
+
+def preflight(tag):
+    report_dir = EPHEMERAL / ("preflight-%s" % tag)
+    res, recap = playbook("--extra-vars", "diagnose_interval=2 preflight_report_dir=%s" % report_dir,
+                          path=REPO / "playbooks" / "preflight.yml")
+    report = json.loads((report_dir / "cluster.json").read_text())
+    return res, recap, dict((f["check"], f) for f in report["hosts"][0]["findings"])
+
+
+def test_preflight_checks_the_topology_inside_the_container():
+    res, recap, found = preflight("nccl")
+    assert res.returncode == 0 and recap[NAME] == 0, res.stdout[-3000:]
+    assert found["nccl:topology"]["status"] == "pass" and SHA in found["nccl:topology"]["message"], found["nccl:topology"]
+    assert found["nccl:container_hcas"]["status"] == "not_applicable", found["nccl:container_hcas"]
+    assert "NCCL_TOPO_FILE=/etc/nccl/topo.xml" in found["nccl:variables"]["message"], found["nccl:variables"]
+    ssh(NAME, "mv %s /root/" % CDI)
+    try:
+        res, recap, found = preflight("nocdi")
+        assert res.returncode != 0 and recap[NAME] == 0, res.stdout[-3000:]
+        topo = found["nccl:topology"]
+        assert topo["status"] == "fail" and topo["fatal"], topo
+        assert "NO-GO" in res.stdout + res.stderr and "nccl:topology" in res.stdout + res.stderr
+        assert ssh(NAME, "test -e %s || echo gone" % CDI).stdout.strip() == "gone"       # check mode put nothing back
+    finally:
+        ssh(NAME, "mv /root/%s %s" % (Path(CDI).name, CDI))
 
 
 def test_without_the_mount_the_verification_names_the_missing_file():

@@ -52,7 +52,7 @@ def test_a100_mig_file_details():
     statuses = {f["check"]: f["status"] for f in gpu_findings({"gpus": [gpu]})}
     assert statuses == {"remapped_rows": "not_applicable", "retired_pages": "not_applicable", "ecc_uncorrectable": "pass",
                         "clock_event_reasons": "pass", "persistence_mode": "warn", "temperature": "pass",
-                        "power_limit": "pass", "fabric": "not_applicable"}
+                        "power_limit": "pass", "fabric": "not_applicable", "applications_clocks": "pass"}
 
 
 def test_old_layout_single_double_bit_and_idle_is_benign():
@@ -131,3 +131,12 @@ def test_power_cap_below_maximum_warns_and_names_the_maximum():
 ])
 def test_fabric_states(state, status, expected):
     assert _gpu_with(fabric={"state": state, "status": status})["fabric"]["status"] == expected
+
+
+def test_application_clocks_lowered_below_their_defaults_warn():
+    gpu = parse_nvidia_smi(_text("telegraf_a100-sxm4-v12.xml"))["gpus"][0]
+    # The real A100 capture: application clocks at their default (1275 MHz), below the 1410 MHz maximum: a pass.
+    assert (gpu["applications_clocks"]["graphics"], gpu["default_applications_clocks"]["graphics"], gpu["max_clocks"]["graphics"]) == (
+        1275, 1275, 1410)
+    found = _gpu_with(applications_clocks=dict(gpu["applications_clocks"], graphics=900))["applications_clocks"]
+    assert found["status"] == "warn" and "graphics 900 < 1275 MHz" in found["message"] and "-rac" in found["fix"]
