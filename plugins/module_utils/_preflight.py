@@ -259,8 +259,6 @@ def _changes(report):
             lines.append("%s %s" % (key, item))
     if report.get("restart"):
         lines.append("restart the service")
-    if report.get("reboot_required"):
-        lines.append("reboot required for the next-boot settings to take effect")
     settings = report.get("settings")
     if isinstance(settings, dict):
         lines.extend(_changes(settings))

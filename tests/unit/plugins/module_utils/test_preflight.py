@@ -65,7 +65,7 @@ def test_first_matching_rule_decides_and_unmatched_fail_is_fatal():
     assert [f["fatal"] for f in found] == [True, False, True, False]
 
 
-def _gpu_result(tmp_path, gpus):
+def _gpu_result(tmp_path, gpus, monkeypatch):
     sysfs = tmp_path / "sys"
     for index in range(gpus):
         dev = sysfs / "bus/pci/devices" / ("0000:%02x:00.0" % (0x17 + index))
@@ -73,13 +73,13 @@ def _gpu_result(tmp_path, gpus):
         (dev / "vendor").write_text("0x10de\n")
         (dev / "class").write_text("0x030200\n")
     (sysfs / "bus").mkdir(parents=True, exist_ok=True)
-    modharness.install_fake_exits(pytest.MonkeyPatch())
+    modharness.install_fake_exits(monkeypatch)
     _kind, res = modharness.run(gpu_health, dict(sysfs_path=str(sysfs), nvidia_smi_xml_path=str(SMI / "telegraf_a100-sxm4-v12.xml")))
     return res
 
 
-def test_gpu_findings_keep_their_gpu_and_get_the_source_prefix(tmp_path):
-    found = P.host_findings({"gpu": _gpu_result(tmp_path, 2)})
+def test_gpu_findings_keep_their_gpu_and_get_the_source_prefix(tmp_path, monkeypatch):
+    found = P.host_findings({"gpu": _gpu_result(tmp_path, 2, monkeypatch)})
     checks = by_check(found)
     assert checks["gpu:gpu_present"]["status"] == "fail"
     assert checks["gpu:persistence_mode"]["gpu"] == "00000000:01:00.0" and checks["gpu:persistence_mode"]["source"] == "gpu"
@@ -172,8 +172,7 @@ def test_drift_changes_from_every_report_kind():
     assert pin["status"] == "warn" and pin["fatal"] and pin["evidence"] == [
         "update /etc/gpunode/irq.json (cpus)", "IRQ 45 virtio1-input.0: 0 -> 2", "systemd enable gpunode-irq-pin.service"]
     assert found["slurm_cpuspec"]["evidence"] == ["change /etc/slurm/nodes.conf"]
-    assert found["cpu_power"]["evidence"] == ["write /sys/x: powersave -> performance", "update /etc/default/grub",
-                                              "reboot required for the next-boot settings to take effect"]
+    assert found["cpu_power"]["evidence"] == ["write /sys/x: powersave -> performance", "update /etc/default/grub"]
 
 
 def test_tune_playbook_gathers_every_drift_role():
