@@ -238,12 +238,13 @@ def phase(inst, inv, label, reps, seconds, report_dir):
     if res.returncode:
         raise SystemExit("diagnose (%s) failed:\n%s" % (label, res.stdout[-3000:]))
     report = json.loads((Path(report_dir) / "cluster.json").read_text())["hosts"][0]
-    windows = [window(inst, seconds) for _ in range(reps)]
+    windows = [window(inst, seconds) for dummy in range(reps)]
     irq = irq_cpus(inst)
+    affinity = ssh(inst, "for c in %s; do taskset -cp $(systemctl show -P MainPID gpunode-loop-worker-$c); done"
+                   % " ".join(map(str, WORKER_CPUS)))
     return {
         "label": label, "verdict": report["verdict"], "verdict_rule": report.get("verdict_rule"), "reasons": report["reasons"],
-        "irq_cpus": irq, "diagnose_wall_s": round(wall, 1), "affinity": ssh(inst, "for c in %s; do taskset -cp $(systemctl show -P MainPID "
-                                                                      "gpunode-loop-worker-$c); done" % " ".join(map(str, WORKER_CPUS))),
+        "irq_cpus": irq, "diagnose_wall_s": round(wall, 1), "affinity": affinity,
         "workers_per_s": summary([sum(w["workers"][c] for c in WORKER_CPUS) for w in windows]),
         "per_worker_per_s": dict((c, summary([w["workers"][c] for w in windows])) for c in WORKER_CPUS),
         "cpus": dict((c, {k: summary([w["cpus"][c][k] for w in windows]) for k in ("user_pct", "softirq_pct", "squeezes", "dropped")})

@@ -21,7 +21,7 @@ description:
     both are V(not_applicable), never V(pass)); SMT control; and every file of
     C(/sys/devices/system/cpu/vulnerabilities) by its prefix (C(Not affected), C(Vulnerable), C(Mitigation:))."
   - A check with no evidence is V(unknown), not a pass. A virtual machine is reported, not failed.
-  - Read-only. The preflight playbook (P(gpunode.tuning.preflight#playbook)) turns the findings into a gate.
+  - Read-only. The preflight playbook (C(playbooks/preflight.yml)) turns the findings into a gate.
 author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
