@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, parse_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._findings import FATAL_STATUSES, finding
 
@@ -141,7 +142,12 @@ def _nic(result):
     balance = facts.get("irqbalance") or {}
     if balance.get("active"):
         banned = set(balance.get("banned_cpus") or [])
-        used = set(int(c) for c in where.values() if c.isdigit())
+        used = set()
+        for cpus in where.values():
+            try:
+                used.update(parse_cpulist(cpus))
+            except CpuListError:
+                continue
         if used - banned:
             found.append(finding("irq:irqbalance", "warn", "irqbalance runs and does not ban the IRQ CPUs %s: it may move the IRQs" % (
                 ",".join(str(c) for c in sorted(used - banned))), evidence=balance,

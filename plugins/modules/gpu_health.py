@@ -110,6 +110,8 @@ sources:
   type: dict
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import module_runner
@@ -126,7 +128,7 @@ ARGUMENT_SPEC = dict(
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
-    live = params["sysfs_path"].rstrip("/") == "/sys"
+    live = os.path.normpath(params["sysfs_path"]) == "/sys"
     run = module_runner(module, commands=("nvidia-smi", "dcgmi")) if live else None
     try:
         result = gpu_health(params["sysfs_path"], run, params["nvidia_smi_xml_path"], params["dcgm_level"], params["dcgmi_output_path"])

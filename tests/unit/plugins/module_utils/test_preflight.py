@@ -189,3 +189,11 @@ def test_the_policy_file_lists_every_check_the_modules_emit():
     names |= set("gpu:" + n for n in re.findall(r'_finding\(\s*"([a-z_0-9]+)"', smi))
     assert len(names) > 15
     assert sorted(n for n in names if n not in text) == []
+
+
+def test_irqbalance_ban_is_checked_on_every_cpu_of_a_spread_irq():
+    nic = {"interface": "ens7", "driver": "mlx5_core", "pci_address": "0000:3b:00.0",
+           "irqs": [dict(_irq(31, None), affinity_list="2-3")], "irqbalance": {"active": True, "banned_cpus": [2]}}
+    found = by_check(P.host_findings({"nic": {"ansible_facts": {"nic_irq": nic}}}))
+    assert found["irq:layout"]["status"] == "warn" and "several CPUs" in found["irq:layout"]["message"]
+    assert found["irq:irqbalance"]["status"] == "warn" and "CPUs 3:" in found["irq:irqbalance"]["message"]
