@@ -1,0 +1,269 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpunode.tuning contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The checkpoint copier (_ckpt_copier, _ckpt_cli) on real directories: each completion rule, sharded directories,
+verification, a copy that hangs (a FIFO nobody writes: a real blocking read, killed by the timeout), backoff, the
+watermark, the lock, and the command line. The mountinfo texts are SYNTHETIC (written for these tests)."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import time
+
+import pytest
+
+from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_cli, _ckpt_copier as cc
+from ansible_collections.gpunode.tuning.plugins.module_utils._ckpt_copier import CopierError
+
+# SYNTHETIC mountinfo: / on ext4, /mnt/nfs on NFS v4, /local on an NVMe xfs.
+MOUNTINFO = (
+    "22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+    "40 22 0:45 / /mnt/nfs rw,relatime shared:20 - nfs4 server:/export rw,vers=4.2,hard,proto=tcp\n"
+    "41 22 259:1 / /local rw,relatime shared:21 - xfs /dev/nvme0n1 rw\n"
+)
+
+
+def sha(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    staging, target = tmp_path / "staging", tmp_path / "target"
+    staging.mkdir()
+    target.mkdir()
+    return staging, target
+
+
+def config(dirs, tmp_path, **over):
+    raw = {"staging_dir": str(dirs[0]), "target_dir": str(dirs[1]), "state_file": str(tmp_path / "state" / "state.json"),
+           "retry_min": 5, "retry_max": 40, "op_timeout": 5}
+    raw.update(over)
+    return cc.check_config(raw)
+
+
+def quiet_log():
+    lines = []
+    return lines, lines.append
+
+
+# ------------------------------------------------------------------ config --
+
+@pytest.mark.parametrize("over,option,expected", [
+    ({"completion": "whenever"}, "completion", "one of rename, marker, quiescent"),
+    ({"watermark_percent": 101}, "watermark_percent", "a number from 0 to 100"),
+    ({"watermark_percent": -1}, "watermark_percent", "a number from 0 to 100"),
+    ({"temp_patterns": ["*"]}, "temp_patterns", "patterns for temporary names only"),
+    ({"completion": "rename", "temp_patterns": []}, "temp_patterns", "the temporary names"),
+    ({"completion": "marker", "marker_suffix": ""}, "marker_suffix", "a non-empty file name suffix"),
+    ({"completion": "marker", "marker_suffix": ".tmp"}, "marker_suffix", "a suffix no temp pattern matches"),
+    ({"completion": "quiescent", "quiet_seconds": 0}, "quiet_seconds", "above 0"),
+    ({"retry_min": 100, "retry_max": 10}, "retry_min", "at most retry_max"),
+    ({"verify": "trust"}, "verify", "one of sha256, size_mtime"),
+    ({"pause_file": "pause"}, "pause_file", "an absolute file path"),
+    ({"frobnicate": 1}, "frobnicate", "one of"),
+])
+def test_bad_config_names_the_value(dirs, tmp_path, over, option, expected):
+    with pytest.raises(CopierError) as err:
+        config(dirs, tmp_path, **over)
+    assert err.value.details["option"] == option
+    assert expected in err.value.expected
+
+
+def test_staging_inside_target_is_no_staging(dirs, tmp_path):
+    with pytest.raises(CopierError) as err:
+        cc.check_config({"staging_dir": str(dirs[1] / "stage"), "target_dir": str(dirs[1])})
+    assert "that is no staging" in str(err.value)
+
+
+def test_placement_on_mountinfo():
+    base = cc.check_config({"staging_dir": "/local/ckpt", "target_dir": "/mnt/nfs/ckpt"})
+    placed = cc.check_placement(base, MOUNTINFO)
+    assert placed["target_fstype"] == "nfs4" and placed["target_mount"] == "/mnt/nfs" and placed["staging_mount"] == "/local"
+    with pytest.raises(CopierError) as err:  # the NFS mount is not there: the target is a directory on /
+        cc.check_placement(cc.check_config({"staging_dir": "/local/ckpt", "target_dir": "/srv/ckpt"}), MOUNTINFO)
+    assert err.value.details["option"] == "target_dir" and "not on a mounted" in str(err.value)
+    with pytest.raises(CopierError) as err:  # both on the NFS mount
+        cc.check_placement(cc.check_config({"staging_dir": "/mnt/nfs/stage", "target_dir": "/mnt/nfs/ckpt"}), MOUNTINFO)
+    assert err.value.details["option"] == "staging_dir" and "same filesystem" in str(err.value)
+
+
+def test_placement_reads_this_hosts_mountinfo():
+    with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+        mounts = cc.parse_mountinfo(handle.read())
+    assert any(point == "/" for point, _fs, _src in mounts)
+    assert cc.mount_of("/proc/self", mounts)[1] == "proc"
+
+
+# ------------------------------------------------------------------- rules --
+
+def test_rename_rule_copies_only_the_renamed_file(dirs, tmp_path):
+    staging, target = dirs
+    cfg = config(dirs, tmp_path)
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    (staging / "step100.pt.tmp").write_bytes(data)
+    lines, log = quiet_log()
+    summary = cc.run_pass(cfg, log=log)
+    assert summary["copied"] == [] and summary["waiting"] == ["step100.pt.tmp"]
+    assert os.listdir(target) == []
+    os.rename(staging / "step100.pt.tmp", staging / "step100.pt")
+    summary = cc.run_pass(cfg, log=log)
+    assert summary["copied"] == ["step100.pt"]
+    assert sha((target / "step100.pt").read_bytes()) == sha(data)
+    assert os.listdir(staging) == [] and sorted(os.listdir(target)) == ["step100.pt"]
+    state = cc.load_state(cfg["state_file"])
+    assert state["copied"] == 1 and state["bytes_copied"] == len(data) and state["history"][0]["sha256"] == sha(data)
+    assert any("copied step100.pt" in line for line in lines)
+
+
+def test_marker_rule_waits_for_the_marker_and_removes_it(dirs, tmp_path):
+    staging, target = dirs
+    cfg = config(dirs, tmp_path, completion="marker")
+    (staging / "ckpt-7.pt").write_bytes(b"x" * 1000)
+    assert cc.run_pass(cfg, log=quiet_log()[1])["waiting"] == ["ckpt-7.pt"]
+    (staging / "ckpt-7.pt.done").write_text("")
+    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["ckpt-7.pt"]
+    assert os.listdir(staging) == [] and os.listdir(target) == ["ckpt-7.pt"]
+
+
+def test_quiescent_rule_open_file_and_quiet_time(dirs, tmp_path):
+    staging, target = dirs
+    cfg = config(dirs, tmp_path, completion="quiescent", quiet_seconds=30)
+    path = staging / "model.safetensors"
+    with open(path, "wb") as handle:
+        handle.write(b"y" * 4096)
+        handle.flush()
+        os.utime(path, (time.time() - 300, time.time() - 300))
+        entry = cc.scan(cfg)[0]
+        assert not entry["complete"] and entry["why"].startswith("open by a process")
+    os.utime(path, (time.time() - 5, time.time() - 5))  # closed, but written 5 s ago
+    entry = cc.scan(cfg)[0]
+    assert not entry["complete"] and entry["why"] == "changed 5 s ago (quiet_seconds 30)"
+    os.utime(path, (time.time() - 31, time.time() - 31))
+    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["model.safetensors"]
+    assert os.listdir(target) == ["model.safetensors"]
+
+
+def test_sharded_directory_moves_as_a_unit(dirs, tmp_path):
+    staging, target = dirs
+    cfg = config(dirs, tmp_path)
+    shards = {"__0_0.distcp": os.urandom(200000), "__1_0.distcp": os.urandom(300000), "meta/.metadata": b"{}"}
+    (staging / "step200.tmp" / "meta").mkdir(parents=True)
+    for rel, data in shards.items():
+        (staging / "step200.tmp" / rel).write_bytes(data)
+    os.rename(staging / "step200.tmp", staging / "step200")
+    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["step200"]
+    for rel, data in shards.items():
+        assert (target / "step200" / rel).read_bytes() == data
+    record = cc.load_state(cfg["state_file"])["history"][-1]
+    assert record["kind"] == "directory" and record["files"] == 3 and record["bytes"] == 500002
+
+
+# --------------------------------------------------------- failure and retry --
+
+def test_hung_copy_is_killed_leaves_source_and_no_final_name_then_retries(dirs, tmp_path):
+    staging, target = dirs
+    cfg = config(dirs, tmp_path, op_timeout=1)
+    (staging / "step300").mkdir()
+    (staging / "step300" / "a.distcp").write_bytes(b"a" * 5000)
+    os.mkfifo(staging / "step300" / "b.distcp")  # nobody writes it: reading blocks until the child is killed
+    lines, log = quiet_log()
+    summary = cc.run_pass(cfg, log=log)
+    assert summary["copied"] == [] and "did not finish in 1 s" in summary["failed"]["reason"]
+    assert "step300" not in os.listdir(target)  # never under its final name
+    assert sorted(os.listdir(staging / "step300")) == ["a.distcp", "b.distcp"]
+    state = cc.load_state(cfg["state_file"])
+    assert state["retried"] == 1 and state["backoff"]["seconds"] == 5 and state["last_error"]["entry"] == "step300"
+    assert cc.run_pass(cfg, log=log)["skipped"].startswith("backing off")
+    os.unlink(staging / "step300" / "b.distcp")
+    (staging / "step300" / "b.distcp").write_bytes(b"b" * 7000)
+    assert cc.run_pass(cfg, log=log, force=True)["copied"] == ["step300"]
+    assert sorted(os.listdir(target)) == ["step300"]  # the interrupted partial was replaced
+    assert (target / "step300" / "b.distcp").read_bytes() == b"b" * 7000
+    assert cc.load_state(cfg["state_file"])["backoff"] == {"seconds": 0, "until": 0}
+    assert any("retry in 5 s" in line for line in lines)
+
+
+def test_target_unavailable_backs_off_doubling_to_the_maximum(dirs, tmp_path):
+    staging, target = dirs
+    cfg = config(dirs, tmp_path)
+    (staging / "c.pt").write_bytes(b"c")
+    os.rmdir(target)
+    waits = []
+    for _ in range(5):
+        summary = cc.run_pass(cfg, log=quiet_log()[1], force=True)
+        assert "unavailable" in summary["failed"]["reason"]
+        waits.append(cc.load_state(cfg["state_file"])["backoff"]["seconds"])
+    assert waits == [5, 10, 20, 40, 40]
+    assert os.listdir(staging) == ["c.pt"]
+    target.mkdir()
+    assert cc.run_pass(cfg, log=quiet_log()[1], force=True)["copied"] == ["c.pt"]
+    assert cc.load_state(cfg["state_file"])["retried"] == 5
+
+
+def test_final_name_present_is_verified_not_overwritten(dirs, tmp_path):
+    staging, target = dirs
+    cfg = config(dirs, tmp_path)
+    (staging / "same.pt").write_bytes(b"s" * 100)
+    (target / "same.pt").write_bytes(b"s" * 100)  # renamed into place, source not yet removed (a reboot)
+    (staging / "other.pt").write_bytes(b"new")
+    (target / "other.pt").write_bytes(b"old")
+    os.utime(staging / "same.pt", (1, 1))  # oldest first
+    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    assert summary["copied"] == ["same.pt"] and "differs" in summary["failed"]["reason"]
+    assert os.listdir(staging) == ["other.pt"] and (target / "other.pt").read_bytes() == b"old"
+    assert cc.load_state(cfg["state_file"])["present"] == 1
+
+
+def test_size_mtime_verification_and_watermark_pause_file(dirs, tmp_path):
+    staging, target = dirs
+    pause = tmp_path / "pause-checkpointing"
+    cfg = config(dirs, tmp_path, verify="size_mtime", watermark_percent=0, pause_file=str(pause))
+    (staging / "d.pt").write_bytes(b"d" * 10)
+    os.utime(staging / "d.pt", (1700000000, 1700000000))
+    lines, log = quiet_log()
+    summary = cc.run_pass(cfg, log=log)
+    assert summary["above_watermark"] and pause.exists() and any("watermark 0 %" in line for line in lines)
+    assert os.stat(target / "d.pt").st_mtime == 1700000000 and (target / "d.pt").read_bytes() == b"d" * 10
+    cfg = config(dirs, tmp_path, watermark_percent=100, pause_file=str(pause))
+    assert not cc.run_pass(cfg, log=log)["above_watermark"] and not pause.exists()
+
+
+def test_second_pass_does_not_wait_for_the_lock(dirs, tmp_path):
+    cfg = config(dirs, tmp_path)
+    os.makedirs(os.path.dirname(cfg["state_file"]), exist_ok=True)
+    fd = os.open(cfg["state_file"] + ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert "another pass" in cc.run_pass(cfg, log=quiet_log()[1])["skipped"]
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------ status, cli --
+
+def test_status_and_command_line(dirs, tmp_path, capsys):
+    staging, target = dirs
+    cfg_path = tmp_path / "copier.json"
+    cfg_path.write_text(json.dumps({"staging_dir": str(staging), "target_dir": str(target),
+                                    "state_file": str(tmp_path / "st" / "state.json")}))
+    (staging / "old.pt").write_bytes(b"1")
+    (staging / "new.pt.tmp").write_bytes(b"2")
+    os.utime(staging / "old.pt", (time.time() - 100, time.time() - 100))
+    assert _ckpt_cli.main(["--status", str(cfg_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["oldest_not_durable"]["name"] == "old.pt" and report["oldest_not_durable"]["age_seconds"] >= 99
+    assert report["copied"] == 0 and os.path.exists(staging / "old.pt")  # --status changes nothing
+    assert _ckpt_cli.main([str(cfg_path)]) == 0
+    assert "copied old.pt" in capsys.readouterr().out
+    assert _ckpt_cli.main(["--status", str(cfg_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["copied"] == 1 and [e["name"] for e in report["staged"]] == ["new.pt.tmp"]
+    assert report["oldest_not_durable"]["complete"] is False
+    cfg_path.write_text(json.dumps({"staging_dir": str(staging), "target_dir": str(target), "watermark_percent": 150}))
+    assert _ckpt_cli.main([str(cfg_path)]) == 2
+    assert "watermark_percent 150 is not a percentage" in capsys.readouterr().err
