@@ -194,10 +194,12 @@ def test_target_unavailable_backs_off_doubling_to_the_maximum(dirs, tmp_path):
     (staging / "c.pt").write_bytes(b"c")
     os.rmdir(target)
     waits = []
-    for _ in range(5):
+    for attempt in range(5):
         summary = cc.run_pass(cfg, log=quiet_log()[1], force=True)
         assert "unavailable" in summary["failed"]["reason"]
-        waits.append(cc.load_state(cfg["state_file"])["backoff"]["seconds"])
+        state = cc.load_state(cfg["state_file"])
+        assert state["retried"] == attempt + 1
+        waits.append(state["backoff"]["seconds"])
     assert waits == [5, 10, 20, 40, 40]
     assert os.listdir(staging) == ["c.pt"]
     target.mkdir()
