@@ -46,6 +46,7 @@ import tempfile
 import time
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._persist import write_atomic
 
 COMPLETION_RULES = ("rename", "marker", "quiescent")
 VERIFY_MODES = ("sha256", "size_mtime")
@@ -508,22 +509,9 @@ def load_state(path):
 
 
 def save_state(path, state):
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".state.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(state, handle, indent=1, sort_keys=True)
-            handle.write("\n")
-            handle.flush()
-            os.fchmod(handle.fileno(), 0o644)
-            os.fsync(handle.fileno())
-        os.rename(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
+    """Write the state file atomically (the collection's one atomic writer, fsync'd file and directory)."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    write_atomic(path, (json.dumps(state, indent=1, sort_keys=True) + "\n").encode("utf-8"), 0o644)
 
 
 def usage_percent(path):
