@@ -46,7 +46,7 @@ import tempfile
 import time
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
-from ansible_collections.gpunode.tuning.plugins.module_utils._persist import write_atomic
+from ansible_collections.gpunode.tuning.plugins.module_utils._persist import fsync_dir, write_atomic
 
 COMPLETION_RULES = ("rename", "marker", "quiescent")
 VERIFY_MODES = ("sha256", "size_mtime")
@@ -290,14 +290,6 @@ def scan(cfg, now=None, held=None):
 
 # -------------------------------------------------------------------- copy --
 
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _copy_file(src, dst):
     """Copy ``src`` to a new ``dst``, fsync'd, mode and times kept; the sha256 of what was read."""
     digest = hashlib.sha256()
@@ -397,7 +389,7 @@ def copy_entry(entry, cfg):
         manifest[rel] = {"bytes": st.st_size, "mtime": st.st_mtime, "sha256": sha}
     if entry["kind"] == "directory":
         for dirpath, dirnames, _files in os.walk(partial, topdown=False):
-            _fsync_dir(dirpath)
+            fsync_dir(dirpath)
         shutil.copystat(entry["path"], partial)
     problem = _verify(manifest, partial, cfg["verify"])
     if problem:
@@ -405,7 +397,7 @@ def copy_entry(entry, cfg):
         raise CopierError("verification of %s failed (%s): left in staging, will retry" % (name, problem), value=name,
                           expected="a target copy equal to the staged one")
     os.rename(partial, final)
-    _fsync_dir(target_dir)
+    fsync_dir(target_dir)
     return {"action": "copied", "bytes": sum(m["bytes"] for m in manifest.values()), "files": len(manifest),
             "sha256": manifest[""]["sha256"] if "" in manifest else None}
 
@@ -417,7 +409,7 @@ def remove_source(entry, cfg):
         marker = entry["path"] + cfg["marker_suffix"]
         if os.path.lexists(marker):
             os.unlink(marker)
-    _fsync_dir(cfg["staging_dir"])
+    fsync_dir(cfg["staging_dir"])
 
 
 # ----------------------------------------------------------------- timeout --

@@ -366,6 +366,11 @@ def write_atomic(path, data, mode, owner=(0, 0)):
         except OSError:
             pass
         raise
+    fsync_dir(directory)
+
+
+def fsync_dir(directory):
+    """fsync a directory, so that a rename or unlink in it is durable."""
     dfd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dfd)

@@ -328,7 +328,12 @@ def _present(module, params):
         drift.append("%s staging directory %s (%s)" % (staging["action"], staging["path"], staging["reason"]))
     if not module.check_mode:
         apply_staging(staging)
-        apply_files(files, changed_files, prune_within=params["lib_dir"].rstrip("/"))
+        try:
+            apply_files(files, changed_files, prune_within=params["lib_dir"].rstrip("/"))
+        except PersistError:
+            if staging["action"] == "create":
+                os.rmdir(staging["path"])  # created empty by this run: rolled back with the files
+            raise
     if any(a["path"].startswith(UNIT_DIR + "/") for a in changed_files):
         systemd.do(["systemctl", "daemon-reload"], "daemon-reload")
     for unit in TRIGGERS:
