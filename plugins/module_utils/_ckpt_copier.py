@@ -64,6 +64,11 @@ DEFAULTS = {
     "pause_file": None,
     "state_file": "/var/lib/gpunode-ckpt/state.json",
     "history": 50,
+    # The mount that holds target_dir when the copier was installed ({"point", "fstype", "source"}); every pass
+    # checks it is still there, so an unmounted NFS target (an empty local mount point) never counts as durable.
+    "target_mount": None,
+    # The mount table read for that check (a captured one in tests).
+    "mountinfo_path": "/proc/self/mountinfo",
 }
 CHUNK = 4 * 1024 * 1024
 
@@ -150,6 +155,14 @@ def check_config(raw):
     if cfg["pause_file"] is not None and (not isinstance(cfg["pause_file"], str) or not cfg["pause_file"].startswith("/")):
         raise CopierError("pause_file %r is not an absolute path" % (cfg["pause_file"],), option="pause_file",
                           value=cfg["pause_file"], expected="an absolute file path, or null for none")
+    if not isinstance(cfg["mountinfo_path"], str) or not cfg["mountinfo_path"].startswith("/"):
+        raise CopierError("mountinfo_path %r is not an absolute path" % (cfg["mountinfo_path"],), option="mountinfo_path",
+                          value=cfg["mountinfo_path"], expected="an absolute file path such as /proc/self/mountinfo")
+    mount = cfg["target_mount"]
+    if mount is not None and (not isinstance(mount, dict) or sorted(mount) != ["fstype", "point", "source"]
+                              or not all(isinstance(v, str) for v in mount.values())):
+        raise CopierError("target_mount %r is not a mount" % (mount,), option="target_mount", value=mount,
+                          expected="null, or {point, fstype, source} as in /proc/self/mountinfo")
     if not isinstance(cfg["history"], int) or isinstance(cfg["history"], bool) or cfg["history"] < 1:
         raise CopierError("history %r is not a positive count" % (cfg["history"],), option="history", value=cfg["history"],
                           expected="an integer of at least 1")
@@ -196,6 +209,21 @@ def check_placement(cfg, mountinfo_text):
                           value=cfg["staging_dir"], expected="a directory on local storage, not on %s" % target[0])
     return {"target_mount": target[0], "target_fstype": target[1], "target_source": target[2],
             "staging_mount": staging[0] if staging else None}
+
+
+def check_target_mount(cfg, mountinfo_text):
+    """CopierError unless target_dir is still on the mount recorded at install time (or, with none recorded, on a
+    mount of its own): an NFS mount that is gone leaves an empty local directory that must not receive copies."""
+    placement = check_placement(cfg, mountinfo_text)
+    want = cfg.get("target_mount")
+    have = {"point": placement["target_mount"], "fstype": placement["target_fstype"],
+            "source": placement["target_source"]}
+    if want and have != want:
+        raise CopierError("target_dir %s is not on its mount: expected %s %s on %s, found %s %s on %s"
+                          % (cfg["target_dir"], want["fstype"], want["source"], want["point"], have["fstype"],
+                             have["source"], have["point"]), option="target_dir", value=cfg["target_dir"],
+                          expected="%s mounted on %s" % (want["source"], want["point"]))
+    return placement
 
 
 # -------------------------------------------------------------------- scan --
@@ -541,7 +569,8 @@ def run_pass(cfg, log=print, clock=time.time, deadline=None, force=False):
     """One copier pass: watermark, target probe, then every complete entry oldest first until one fails.
 
     Holds an exclusive lock beside the state file (a second pass waits for none: it returns at once).
-    ``deadline`` (seconds) ends the pass between entries. Returns a summary dict.
+    ``deadline`` (seconds) ends the pass between entries. Before any copy the mount table (``mountinfo_path``)
+    must show the target still mounted. Returns a summary dict.
     """
     lock_path = cfg["state_file"] + ".lock"
     os.makedirs(os.path.dirname(lock_path), mode=0o755, exist_ok=True)
@@ -570,6 +599,8 @@ def _locked_pass(cfg, log, clock, deadline, force):
     todo = [e for e in entries if e["complete"]]
     if todo:
         try:
+            with open(cfg["mountinfo_path"], "r", encoding="utf-8") as handle:
+                check_target_mount(cfg, handle.read())
             in_child(probe_target, cfg["op_timeout"], cfg)
         except (OpTimeout, OSError, CopierError) as exc:
             _fail(state, cfg, now, "target %s unavailable: %s" % (cfg["target_dir"], exc), None, log)
@@ -581,6 +612,7 @@ def _locked_pass(cfg, log, clock, deadline, force):
         if deadline is not None and time.monotonic() - start > deadline:
             break
         began = time.monotonic()
+        log("copying %s (%s, %d bytes) to %s" % (entry["name"], entry["kind"], entry["bytes"], cfg["target_dir"]))
         try:
             result = in_child(copy_entry, cfg["op_timeout"], entry, cfg)
         except (OpTimeout, OSError, CopierError) as exc:

@@ -131,7 +131,9 @@ options:
     type: path
     default: /usr/bin/python3
   mountinfo_path:
-    description: The mount table read for the placement checks (a captured one in tests).
+    description: The mount table read for the placement checks (a captured one in tests). The copier reads the
+      same table before each pass and copies only while O(target_dir) is on the mount found here (same mount point,
+      filesystem type and source).
     type: path
     default: /proc/self/mountinfo
 notes:
@@ -312,6 +314,11 @@ def _present(module, params):
         module.fail_json(msg="mountinfo_path %s cannot be read: %s" % (params["mountinfo_path"], exc.strerror),
                          option="mountinfo_path", value=params["mountinfo_path"], expected="a readable mount table",
                          changed=False)
+    # Every copier pass checks that the target is still on this mount (an NFS mount that went away leaves an empty
+    # local directory, which must never count as durable).
+    cfg["target_mount"] = {"point": placement["target_mount"], "fstype": placement["target_fstype"],
+                           "source": placement["target_source"]}
+    cfg["mountinfo_path"] = params["mountinfo_path"]
     uid = _ident(module, params["staging_owner"], pwd, "staging_owner")
     gid = _ident(module, params["staging_group"], grp, "staging_group")
     staging = staging_plan(cfg["staging_dir"], _mode(module, params["staging_mode"]), uid, gid)

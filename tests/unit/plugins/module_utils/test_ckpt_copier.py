@@ -39,9 +39,18 @@ def dirs(tmp_path):
     return staging, target
 
 
+def mounted(tmp_path, target, source="server:/export"):
+    """A SYNTHETIC mount table with ``target`` mounted over NFS (the test's directories are on the host's /)."""
+    path = tmp_path / ("mountinfo-%s" % source.replace("/", "_").replace(":", "_"))
+    path.write_text("22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+                    "40 22 0:45 / %s rw,relatime shared:20 - nfs4 %s rw,vers=4.2,hard\n" % (target, source))
+    return str(path)
+
+
 def config(dirs, tmp_path, **over):
     raw = {"staging_dir": str(dirs[0]), "target_dir": str(dirs[1]), "state_file": str(tmp_path / "state" / "state.json"),
-           "retry_min": 5, "retry_max": 40, "op_timeout": 5}
+           "retry_min": 5, "retry_max": 40, "op_timeout": 5, "mountinfo_path": mounted(tmp_path, dirs[1]),
+           "target_mount": {"point": str(dirs[1]), "fstype": "nfs4", "source": "server:/export"}}
     raw.update(over)
     return cc.check_config(raw)
 
@@ -66,6 +75,8 @@ def quiet_log():
     ({"verify": "trust"}, "verify", "one of sha256, size_mtime"),
     ({"pause_file": "pause"}, "pause_file", "an absolute file path"),
     ({"frobnicate": 1}, "frobnicate", "one of"),
+    ({"target_mount": {"point": "/mnt"}}, "target_mount", "{point, fstype, source}"),
+    ({"mountinfo_path": "mountinfo"}, "mountinfo_path", "an absolute file path"),
 ])
 def test_bad_config_names_the_value(dirs, tmp_path, over, option, expected):
     with pytest.raises(CopierError) as err:
@@ -252,7 +263,8 @@ def test_status_and_command_line(dirs, tmp_path, capsys):
     staging, target = dirs
     cfg_path = tmp_path / "copier.json"
     cfg_path.write_text(json.dumps({"staging_dir": str(staging), "target_dir": str(target),
-                                    "state_file": str(tmp_path / "st" / "state.json")}))
+                                    "state_file": str(tmp_path / "st" / "state.json"),
+                                    "mountinfo_path": mounted(tmp_path, target)}))
     (staging / "old.pt").write_bytes(b"1")
     (staging / "new.pt.tmp").write_bytes(b"2")
     os.utime(staging / "old.pt", (time.time() - 100, time.time() - 100))
@@ -269,3 +281,19 @@ def test_status_and_command_line(dirs, tmp_path, capsys):
     cfg_path.write_text(json.dumps({"staging_dir": str(staging), "target_dir": str(target), "watermark_percent": 150}))
     assert _ckpt_cli.main([str(cfg_path)]) == 2
     assert "watermark_percent 150 is not a percentage" in capsys.readouterr().err
+
+
+def test_no_copy_while_the_target_is_not_on_its_mount(dirs, tmp_path):
+    """An NFS mount that went away leaves an empty local mount point: copying there would delete the only copy."""
+    (dirs[0] / "ckpt-1.pt").write_bytes(b"weights")
+    for table in (str(tmp_path / "nothing-mounted"), mounted(tmp_path, dirs[1], source="other:/export")):
+        if not table.endswith("export"):
+            with open(table, "w", encoding="utf-8") as handle:
+                handle.write("22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n")
+        cfg = config(dirs, tmp_path, mountinfo_path=table)
+        lines, log = quiet_log()
+        summary = cc.run_pass(cfg, log=log, force=True)
+        assert summary["copied"] == [] and summary["failed"]["entry"] is None, summary
+        assert "is not on" in summary["failed"]["reason"] and "retry in" in lines[-1], lines
+        assert (dirs[0] / "ckpt-1.pt").exists() and os.listdir(dirs[1]) == []
+    assert cc.run_pass(config(dirs, tmp_path), log=quiet_log()[1], force=True)["copied"] == ["ckpt-1.pt"]

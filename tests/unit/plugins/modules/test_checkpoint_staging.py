@@ -52,7 +52,11 @@ def test_check_mode_is_the_exact_plan_and_writes_nothing(tmp_path):
     assert res["placement"]["target_fstype"] == "nfs4"
     assert res["config"]["completion"] == "marker" and res["config"]["marker_suffix"] == ".done"
     config_diff = [d for d in res["diff"] if d["after_header"] == args["config_file"]][0]
-    assert json.loads(config_diff["after"])["watermark_percent"] == 70
+    written = json.loads(config_diff["after"])
+    assert written["watermark_percent"] == 70
+    # The copier will only copy while the target is on the mount found now.
+    assert written["target_mount"] == {"point": str(tmp_path / "nfs"), "fstype": "nfs4", "source": "server:/export"}
+    assert written["mountinfo_path"] == args["mountinfo_path"]
     assert not staging.exists() and not os.path.exists(args["config_file"]) and not os.path.exists(args["lib_dir"])
 
 
@@ -87,7 +91,8 @@ def test_the_rendered_entry_point_runs_the_collections_copier(tmp_path):
     """The files the module would install, written to a temp tree and run as the node runs them."""
     staging, target, args = setup(tmp_path)
     staging.mkdir(parents=True)
-    cfg = {"staging_dir": str(staging), "target_dir": str(target), "state_file": args["state_file"]}
+    cfg = {"staging_dir": str(staging), "target_dir": str(target), "state_file": args["state_file"],
+           "mountinfo_path": args["mountinfo_path"]}
     settings = dict(config_file=args["config_file"], lib_dir=args["lib_dir"], entry_point=args["entry_point"],
                     python=sys.executable, interval=30, timeout=600)
     for path, (data, mode) in _ckpt_install.render(cfg, settings).items():
