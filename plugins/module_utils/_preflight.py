@@ -24,18 +24,25 @@ filters, which hand the result to :func:`_cluster_report.build_report`.
 from __future__ import annotations
 
 import fnmatch
+import math
+import time
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, parse_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._findings import FATAL_STATUSES, finding
 
-SOURCES = ("platform", "gpu", "cpu_power", "nic", "softnet", "nccl")
+SOURCES = ("platform", "gpu", "cpu_power", "nic", "softnet", "nccl", "checkpoint")
 # The default policy is playbooks/files/preflight_policy.yml (documented there); a unit test checks it.
 # A failed module (its error message) is fatal whatever the policy says: a check that did not run cannot pass a gate.
 CPU_POWER_STATUS = {"pass": "pass", "fail": "fail", "not_visible": "not_applicable", "unknown": "unknown"}
 SOFTNET_STATUS = {"no_contention": "pass", "contention": "fail", "inconclusive": "unknown"}
 # The roles' report facts, in tune.yml's order, and what in each is a change.
-DRIFT_ROLES = ("nic_irq_pinning", "irqbalance", "isolcpus", "cpusets", "cpu_power", "slurm_cpuspec", "nccl_topology")
+DRIFT_ROLES = ("nic_irq_pinning", "irqbalance", "isolcpus", "cpusets", "cpu_power", "slurm_cpuspec", "nccl_topology",
+               "checkpoint_staging")
+# checkpoint:durable: a complete checkpoint staged longer than this is late (preflight.yml passes
+# preflight_checkpoint_max_pending_seconds as the result's preflight_max_pending_seconds).
+CHECKPOINT_MAX_PENDING_SECONDS = 900
+CHECKPOINT_FIX = "run tune.yml with gpunode_tune_checkpoint_staging"
 
 
 class PreflightError(DetailedError):
@@ -197,6 +204,149 @@ def _nccl(result):
     return out
 
 
+def _utc(epoch):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def _number(value):
+    return "%d" % value if float(value).is_integer() else "%s" % value
+
+
+def _max_pending(result):
+    """The checkpoint:durable threshold in seconds: preflight_max_pending_seconds (a number, or its text as -e gives
+    it), else CHECKPOINT_MAX_PENDING_SECONDS."""
+    value = result.get("preflight_max_pending_seconds")
+    if value is None:
+        return CHECKPOINT_MAX_PENDING_SECONDS
+    seconds = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = value
+    elif isinstance(value, str):
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = None
+    if seconds is None or math.isnan(seconds) or seconds < 0:
+        raise PreflightError("preflight_checkpoint_max_pending_seconds %r is not a number of seconds" % (value,),
+                             option="preflight_checkpoint_max_pending_seconds", value=value, expected="seconds, 0 or more")
+    return seconds
+
+
+def _checkpoint_copier(result):
+    """Installed as configured: the module's plan (files, the staging directory, systemd) is empty."""
+    if result.get("failed"):
+        return finding("checkpoint:copier", "fail", result.get("msg") or "checkpoint_staging failed",
+                       evidence={k: v for k, v in result.items() if k in ("option", "value", "expected")} or None,
+                       fix="fix what the message names, then %s" % CHECKPOINT_FIX)
+    if "config" not in result:
+        return finding("checkpoint:copier", "not_applicable", "checkpoint_staging_state is absent: no copier is wanted here")
+    files = result.get("files") or []
+    changes = ["%s %s (%s)" % (f["action"], f["path"], f["reason"]) for f in files if f.get("action") != "unchanged"]
+    others = []
+    staging = result.get("staging") or {}
+    if staging.get("action", "unchanged") != "unchanged":
+        others.append("%s staging directory %s (%s)" % (staging["action"], staging.get("path"), staging.get("reason")))
+    others += ["systemctl %s" % action for action in result.get("systemd") or []]
+    cfg = result["config"]
+    if files and all(f.get("action") == "create" for f in files):
+        # Nothing of it on the node: the count of files, not each library file.
+        return finding("checkpoint:copier", "fail", "the copier is not installed: %d file(s) to create; %s" % (
+            len(files), "; ".join(others)), evidence=changes + others, fix=CHECKPOINT_FIX)
+    changes += others
+    if changes:
+        shown = "; ".join(changes[:5]) + ("; and %d more" % (len(changes) - 5) if len(changes) > 5 else "")
+        return finding("checkpoint:copier", "fail", "the copier differs from the desired state: %d change(s): %s" % (
+            len(changes), shown), evidence=changes, fix=CHECKPOINT_FIX)
+    placement = result.get("placement") or {}
+    return finding("checkpoint:copier", "pass", "installed and running: %s -> %s (%s %s on %s)" % (
+        cfg.get("staging_dir"), cfg.get("target_dir"), placement.get("target_fstype"), placement.get("target_source"),
+        placement.get("target_mount")), evidence={"placement": placement, "completion": cfg.get("completion")})
+
+
+def _checkpoint_durable(result, copier):
+    """Complete checkpoints staged longer than the threshold are not yet on shared storage; incomplete ones (being
+    written) never fail."""
+    limit = _max_pending(result)
+    staged = copier.get("staged") or []
+    complete = sorted((e for e in staged if e.get("complete")), key=lambda e: -e["age_seconds"])
+    writing = ["%s: %s" % (e["name"], e.get("why")) for e in staged if not e.get("complete")]
+    late = [e for e in complete if e["age_seconds"] > limit]
+    evidence = {"complete": ["%s %.0f s" % (e["name"], e["age_seconds"]) for e in complete], "being_written": writing,
+                "max_pending_seconds": limit}
+    tail = "; %d being written (never copied until complete): %s" % (len(writing), ", ".join(writing)) if writing else ""
+    if late:
+        return finding("checkpoint:durable", "fail", "%d complete checkpoint(s) not yet on shared storage, oldest %s %.0f s "
+                       "(limit %s s)%s" % (len(late), late[0]["name"], late[0]["age_seconds"], _number(limit), tail),
+                       evidence=evidence, fix="see checkpoint:target and journalctl -t gpunode-ckpt-copier for why the "
+                       "copier has not moved them")
+    if complete:
+        return finding("checkpoint:durable", "pass", "%d complete checkpoint(s) waiting for the copier, oldest %s %.0f s "
+                       "(limit %s s)%s" % (len(complete), complete[0]["name"], complete[0]["age_seconds"], _number(limit), tail),
+                       evidence=evidence)
+    return finding("checkpoint:durable", "pass", "no complete checkpoint waiting: every one is on shared storage%s" % tail,
+                   evidence=evidence)
+
+
+def _checkpoint_target(copier):
+    """The copier's last attempt failed: a backoff is pending (cleared by every copy) or the last error is newer than
+    the last copy."""
+    error = copier.get("last_error")
+    recent = copier.get("recent") or []
+    last_copy = recent[-1].get("at") if recent else None
+    until = copier.get("backoff_until")
+    evidence = {"last_error": error, "backoff_until": until, "last_pass": copier.get("last_pass"),
+                "copied": copier.get("copied"), "retried": copier.get("retried")}
+    if until or (error and (last_copy is None or error.get("at", 0) > last_copy)):
+        error = error or {}
+        what = "the copy of %s failed" % error["entry"] if error.get("entry") else "the copier cannot reach the target"
+        # copier_status carries no clock of its own: the backoff's end is shown, not judged against now.
+        retry = "retrying (backoff until %s)" % _utc(until) if until else "retrying"
+        return finding("checkpoint:target", "fail", "%s: %s, %s (%s failed attempt(s) in all)" % (
+            what, error.get("reason") or "no reason recorded", retry, copier.get("retried")), evidence=evidence,
+            fix="check the NFS mount of %s from this host (journalctl -t gpunode-ckpt-copier has every attempt)" % (
+                copier.get("target_dir")))
+    if error:
+        message = "no failed attempt since the last copy (%s copied; the last error, at %s, was before it: %s)" % (
+            copier.get("copied"), _utc(error.get("at", 0)), error.get("reason"))
+    elif copier.get("copied"):
+        message = "no failed attempt: %s copied, the last at %s" % (copier.get("copied"), _utc(last_copy or 0))
+    else:
+        message = "nothing copied yet and no failed attempt (the copier probes the target when a checkpoint is complete)"
+    return finding("checkpoint:target", "pass", message, evidence=evidence)
+
+
+def _checkpoint_usage(result, copier):
+    """The staging filesystem at or above the watermark: the copier warns and raises the pause flag."""
+    cfg = result.get("config") or {}
+    usage, mark, pause = copier.get("usage_percent"), cfg.get("watermark_percent"), cfg.get("pause_file")
+    evidence = {"usage_percent": usage, "watermark_percent": mark, "pause_file": pause, "staged_bytes": copier.get("staged_bytes")}
+    if usage is None or mark is None:
+        return finding("checkpoint:staging_usage", "unknown", "the staging filesystem's usage was not read", evidence=evidence)
+    if usage >= mark:
+        told = ("the copier creates %s: the trainer is told to pause checkpointing" % pause if pause
+                else "no pause_file is set: the trainer is not told to pause")
+        return finding("checkpoint:staging_usage", "fail", "staging %s is %.1f %% full, at or above the watermark %s %%: %s" % (
+            copier.get("staging_dir"), usage, mark, told), evidence=evidence,
+            fix="free the staging filesystem (checkpoint:durable and checkpoint:target say whether the copier is behind) "
+                "or keep fewer checkpoints on it")
+    return finding("checkpoint:staging_usage", "pass", "staging %s is %.1f %% full, watermark %s %%" % (
+        copier.get("staging_dir"), usage, mark), evidence=evidence)
+
+
+def _checkpoint(result):
+    """checkpoint_staging run in check mode (the role): installed as configured, checkpoints durable in time, the
+    target reachable, staging below the watermark. Without the copier's status (the module failed, or the staging
+    directory is missing so nothing was ever staged) only checkpoint:copier is reported."""
+    out = [_checkpoint_copier(result)]
+    copier = result.get("copier_status")
+    if result.get("failed") or not isinstance(copier, dict):
+        return out
+    out.append(_checkpoint_durable(result, copier))
+    out.append(_checkpoint_target(copier))
+    out.append(_checkpoint_usage(result, copier))
+    return out
+
+
 def _module_findings(source, result):
     if not isinstance(result, dict):
         raise PreflightError("the %s result is not a mapping" % source, source=source, value=result, expected="a module result")
@@ -204,6 +354,8 @@ def _module_findings(source, result):
         return []
     if source == "nccl":
         return _prefixed(source, _nccl(result))
+    if source == "checkpoint":
+        return _prefixed(source, _checkpoint(result))
     if result.get("failed"):
         return [finding("%s:check" % source, "fail", "the %s check failed: %s" % (source, result.get("msg") or "no message"),
                         evidence={k: v for k, v in result.items() if k in ("option", "value", "expected", "path")} or None,

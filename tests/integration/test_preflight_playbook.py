@@ -139,3 +139,24 @@ def test_a_bad_policy_stops_before_any_check(fleet):
     assert result.returncode != 0
     assert "policy rules[0] fatal ['fatal'] must be a list of statuses" in result.stdout, result.stdout[-3000:]
     assert "Start sampling" not in result.stdout and not report_dir.exists()
+
+
+def test_a_checkpoint_copier_that_cannot_be_installed_is_fatal_and_nothing_is_written(fleet):
+    """checkpoint_staging_dir turns the checkpoint checks on: the role runs in check mode on the host. The target
+    here is no mount of its own (or shares the staging filesystem), which the module refuses: checkpoint:copier
+    fails with its message, nothing else of the copier is judged, nothing is created."""
+    base, inventory = fleet
+    staging, target = base / "ckpt-nvme" / "ckpt", base / "ckpt-nfs" / "ckpt"
+    target.mkdir(parents=True)
+    report_dir = base / "report-checkpoint"
+    result = run_preflight(inventory, report_dir, "--limit", "gpu-c", "-e", "checkpoint_staging_dir=%s" % staging,
+                           "-e", "checkpoint_staging_target_dir=%s" % target, "-e", "preflight_checkpoint_max_pending_seconds=600")
+    assert result.returncode != 0, result.stdout[-4000:]
+    assert re.search(r"NO-GO: [^\n]*checkpoint:copier", result.stdout + result.stderr), result.stdout[-4000:]
+    checks = findings(json.loads((report_dir / "cluster.json").read_text()), "gpu-c")
+    assert sorted(c for c in checks if c.startswith("checkpoint:")) == ["checkpoint:copier"]
+    copier = checks["checkpoint:copier"]
+    assert copier["status"] == "fail" and copier["fatal"], copier
+    assert "not on a mounted shared filesystem" in copier["message"] or "same filesystem" in copier["message"], copier
+    assert copier["fix"].endswith("run tune.yml with gpunode_tune_checkpoint_staging")
+    assert not staging.exists() and not staging.parent.exists()

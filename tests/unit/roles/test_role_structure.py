@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
-ROLES = ["cpu_power", "cpusets", "irqbalance", "isolcpus", "nic_irq_pinning"]
+ROLES = ["checkpoint_staging", "cpu_power", "cpusets", "irqbalance", "isolcpus", "nic_irq_pinning"]
 
 
 def _spec(role):
@@ -51,7 +51,7 @@ def test_every_variable_the_role_reads_is_public_or_internal(role):
             used |= set(re.findall(r"(?<![_\w.])(%s_[a-z0-9_]+)" % role, path.read_text()))  # not gpunode.tuning.<module>
     status_facts = {"irqbalance_status", "nic_irq_pinning_report", "irqbalance_mode", "irqbalance_banned_cpus",
                     "cpusets_report", "isolcpus_report", "isolcpus_reboot_required", "cpu_power_report", "cpu_power_reboot_required",
-                    "irqbalance_banned_devices"}
+                    "irqbalance_banned_devices", "checkpoint_staging_report"}
     undeclared = used - declared - status_facts
     assert not undeclared, sorted(undeclared)
 

@@ -5,20 +5,28 @@
 """The preflight gate (_preflight): module results to findings, the policy, the drift report's changes.
 
 The module results are the real modules' outputs on generated trees and real captures (gpu_health on the real
-A100 nvidia-smi capture, platform_facts on a tree) so the adapters see the shape the playbook hands them."""
+A100 nvidia-smi capture, platform_facts on a tree, checkpoint_staging in check mode on real directories after the
+installed copier ran) so the adapters see the shape the playbook hands them."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 import modharness
+from modharness import Exit, Fail
+from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_install
 from ansible_collections.gpunode.tuning.plugins.module_utils import _preflight as P
 from ansible_collections.gpunode.tuning.plugins.module_utils._preflight import PreflightError
-from ansible_collections.gpunode.tuning.plugins.modules import gpu_health
+from ansible_collections.gpunode.tuning.plugins.modules import checkpoint_staging, gpu_health
 
 ROOT = Path(__file__).resolve().parents[4]
 SMI = ROOT / "tests" / "unit" / "fixtures" / "gpu_health" / "nvidia_smi"
@@ -33,7 +41,7 @@ def test_the_shipped_policy_is_valid_and_documents_every_source():
     policy = P.check_policy(POLICY)
     assert policy["rules"][-1] == {"check": "*", "fatal": ["fail"]}
     text = (ROOT / "playbooks" / "files" / "preflight_policy.yml").read_text()
-    for source in ("softnet:", "irq:", "cpu_power:", "platform:", "gpu:", "dcgm:", "nccl:"):
+    for source in ("softnet:", "irq:", "cpu_power:", "platform:", "gpu:", "dcgm:", "nccl:", "checkpoint:"):
         assert source in text
 
 
@@ -187,6 +195,10 @@ def test_the_policy_file_lists_every_check_the_modules_emit():
     smi = (ROOT / "plugins" / "module_utils" / "_nvidia_smi.py").read_text()
     names = set("platform:" + n for n in re.findall(r'\bfinding\("([a-z_0-9]+)"', platform))
     names |= set("gpu:" + n for n in re.findall(r'_finding\(\s*"([a-z_0-9]+)"', smi))
+    # The adapters that name their checks themselves (nccl_topology's and checkpoint_staging's results).
+    own = set(re.findall(r'\bfinding\("((?:nccl|checkpoint):[a-z_0-9]+)"', (ROOT / "plugins" / "module_utils" / "_preflight.py").read_text()))
+    assert {"nccl:topology", "checkpoint:copier", "checkpoint:staging_usage"} <= own
+    names |= own
     assert len(names) > 15
     assert sorted(n for n in names if n not in text) == []
 
@@ -197,3 +209,219 @@ def test_irqbalance_ban_is_checked_on_every_cpu_of_a_spread_irq():
     found = by_check(P.host_findings({"nic": {"ansible_facts": {"nic_irq": nic}}}))
     assert found["irq:layout"]["status"] == "warn" and "several CPUs" in found["irq:layout"]["message"]
     assert found["irq:irqbalance"]["status"] == "warn" and "CPUs 3:" in found["irq:irqbalance"]["message"]
+
+
+# ---------------------------------------------------------------- checkpoint --
+# checkpoint_staging in check mode, as preflight.yml runs the role, on real directories: a SYNTHETIC mount table
+# (the target on an NFS mount), the unit files under tmp_path and systemd faked (no systemd runs as PID 1 here): the
+# units run once "enable --now" was applied. The installed entry point is run as the node runs it to make the state.
+
+class CkptNode:
+    """One node's checkpoint copier: install(), stage(), copier() (a pass of the installed entry point), check() (the
+    module's check-mode result as the role registers it, with preflight.yml's threshold)."""
+
+    def __init__(self, tmp_path, monkeypatch):
+        self.tmp = tmp_path
+        self.staging, self.target = tmp_path / "nvme" / "ckpt", tmp_path / "nfs" / "ckpt"
+        self.target.mkdir(parents=True)
+        self.mount(True)
+        units = tmp_path / "units"
+        units.mkdir()
+        monkeypatch.setattr(_ckpt_install, "UNIT_DIR", str(units))
+        monkeypatch.setattr(checkpoint_staging, "UNIT_DIR", str(units))
+        running = {}
+
+        def states(_self):
+            return dict((u, dict(running)) for u in _ckpt_install.TRIGGERS)
+
+        def do(systemd, argv, label):
+            systemd.actions.append(label)
+            if not systemd.module.check_mode and argv[1] == "enable":
+                running.update(UnitFileState="enabled", ActiveState="active")
+
+        monkeypatch.setattr(checkpoint_staging.Systemd, "states", states)
+        monkeypatch.setattr(checkpoint_staging.Systemd, "do", do)
+        modharness.install_fake_exits(monkeypatch)
+        self.args = dict(staging_dir=str(self.staging), target_dir=str(self.target),
+                         mountinfo_path=str(tmp_path / "mountinfo"), config_file=str(tmp_path / "etc" / "ckpt-copier.json"),
+                         state_file=str(tmp_path / "var" / "state.json"), lib_dir=str(tmp_path / "lib"),
+                         entry_point=str(tmp_path / "sbin" / "gpunode-ckpt-copier"), python=sys.executable,
+                         watermark_percent=100)
+
+    def mount(self, nfs):
+        """The mount table with the target's NFS mount, or without it (the mount went away)."""
+        text = "22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+        if nfs:
+            text += "40 22 0:45 / %s rw,relatime shared:20 - nfs4 server:/export rw,vers=4.2,hard\n" % (self.tmp / "nfs")
+        (self.tmp / "mountinfo").write_text(text)
+
+    def install(self, **over):
+        kind, res = modharness.run(checkpoint_staging, dict(self.args, **over))
+        assert kind is Exit and res["changed"], res
+        return res
+
+    def check(self, max_pending=None, **over):
+        kind, res = modharness.run(checkpoint_staging, dict(self.args, **over), check=True)
+        if kind is Fail:
+            res = dict(res, failed=True)  # fail_json adds failed: true to what the harness hands back
+        if max_pending is not None:
+            res = dict(res, preflight_max_pending_seconds=max_pending)
+        return res
+
+    def stage(self, name, age):
+        path = self.staging / name
+        path.write_bytes(b"c" * 4096)
+        then = time.time() - age
+        os.utime(path, (then, then))
+
+    def copier(self, *flags):
+        env = dict(os.environ, PYTHONPATH="")  # only the installed library
+        return subprocess.run([self.args["entry_point"]] + list(flags) + [self.args["config_file"]], capture_output=True,
+                              text=True, env=env, check=True).stdout
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("installing the copier (files owned by root, the staging directory chowned) needs root")
+    return CkptNode(tmp_path, monkeypatch)
+
+
+def test_checkpoint_copier_not_installed_then_installed_then_drifted(node):
+    found = P.host_findings({"checkpoint": node.check()})
+    # No staging directory yet, so no copier status: only checkpoint:copier is reported.
+    assert [f["check"] for f in found] == ["checkpoint:copier"]
+    copier = found[0]
+    files = len(node.check()["files"])
+    assert copier["status"] == "fail" and copier["message"] == (
+        "the copier is not installed: %d file(s) to create; create staging directory %s (missing); systemctl daemon-reload; "
+        "systemctl enable --now gpunode-ckpt-copier.path; systemctl enable --now gpunode-ckpt-copier.timer" % (files, node.staging))
+    assert "create %s (missing)" % node.args["config_file"] in copier["evidence"] and len(copier["evidence"]) == files + 4
+    assert copier["fix"] == "run tune.yml with gpunode_tune_checkpoint_staging"
+    node.install()
+    found = by_check(P.host_findings({"checkpoint": node.check()}))
+    assert sorted(found) == ["checkpoint:copier", "checkpoint:durable", "checkpoint:staging_usage", "checkpoint:target"]
+    assert found["checkpoint:copier"]["status"] == "pass"
+    assert found["checkpoint:copier"]["message"] == "installed and running: %s -> %s (nfs4 server:/export on %s)" % (
+        node.staging, node.target, node.tmp / "nfs")
+    drifted = by_check(P.host_findings({"checkpoint": node.check(completion="marker")}))["checkpoint:copier"]
+    assert drifted["status"] == "fail" and drifted["message"] == (
+        "the copier differs from the desired state: 1 change(s): update %s (content differs)" % node.args["config_file"])
+    os.chmod(node.staging, 0o755)
+    drifted = by_check(P.host_findings({"checkpoint": node.check()}))["checkpoint:copier"]
+    assert drifted["evidence"] == ["update staging directory %s (mode 0755, want 0750)" % node.staging]
+
+
+def test_checkpoint_copier_module_failure_is_the_only_finding(node):
+    node.install()
+    node.mount(False)
+    found = P.host_findings({"checkpoint": node.check(max_pending=900)})
+    assert [(f["check"], f["status"]) for f in found] == [("checkpoint:copier", "fail")]
+    assert "not on a mounted shared filesystem" in found[0]["message"] and found[0]["evidence"]["option"] == "target_dir"
+    assert found[0]["fix"].endswith("run tune.yml with gpunode_tune_checkpoint_staging")
+    hosts = P.collect({"a": {"results": {"checkpoint": node.check()}, "error": None}}, POLICY)
+    assert hosts["a"]["findings"][0]["fatal"] is True
+
+
+def test_checkpoint_state_absent_is_not_applicable(node):
+    found = P.host_findings({"checkpoint": node.check(state="absent")})
+    assert [(f["check"], f["status"]) for f in found] == [("checkpoint:copier", "not_applicable")]
+
+
+def test_checkpoint_durable_late_complete_fails_young_passes_incomplete_never_fails(node):
+    node.install()
+    node.stage("step-100.pt", 2000)
+    node.stage("step-200.pt", 100)
+    node.stage("step-300.pt.tmp", 5000)
+    found = by_check(P.host_findings({"checkpoint": node.check(max_pending=900)}))
+    durable = found["checkpoint:durable"]
+    assert durable["status"] == "fail"
+    assert re.match(r"1 complete checkpoint\(s\) not yet on shared storage, oldest step-100\.pt 20\d\d s \(limit 900 s\); "
+                    r"1 being written \(never copied until complete\): step-300\.pt\.tmp: temporary name", durable["message"])
+    assert durable["evidence"]["max_pending_seconds"] == 900 and len(durable["evidence"]["complete"]) == 2
+    # The same staging with a longer limit (as -e passes it: text): waiting, not late.
+    durable = by_check(P.host_findings({"checkpoint": node.check(max_pending="3600")}))["checkpoint:durable"]
+    assert durable["status"] == "pass" and durable["message"].startswith(
+        "2 complete checkpoint(s) waiting for the copier, oldest step-100.pt")
+    # Without the playbook's value the default applies.
+    assert by_check(P.host_findings({"checkpoint": node.check()}))["checkpoint:durable"]["status"] == "fail"
+    assert "copied step-100.pt" in node.copier()
+    durable = by_check(P.host_findings({"checkpoint": node.check(max_pending=900)}))["checkpoint:durable"]
+    assert durable["status"] == "pass" and durable["message"].startswith(
+        "no complete checkpoint waiting: every one is on shared storage; 1 being written")
+    assert sorted(os.listdir(node.target)) == ["step-100.pt", "step-200.pt"]
+
+
+@pytest.mark.parametrize("value", ["soon", -1, True, float("nan")])
+def test_checkpoint_bad_threshold_names_the_variable(node, value):
+    node.install()
+    with pytest.raises(PreflightError) as exc:
+        P.host_findings({"checkpoint": node.check(max_pending=value)})
+    assert "preflight_checkpoint_max_pending_seconds" in str(exc.value) and exc.value.details["expected"] == "seconds, 0 or more"
+
+
+def test_checkpoint_target_outage_fails_until_a_copy_succeeds(node):
+    node.install()
+    target = by_check(P.host_findings({"checkpoint": node.check()}))["checkpoint:target"]
+    assert target["status"] == "pass" and target["message"].startswith("nothing copied yet and no failed attempt")
+    node.stage("step-100.pt", 60)
+    node.mount(False)  # the NFS mount went away: the copier must not copy into the empty mount point
+    out = node.copier()
+    assert "failed" in out
+    node.mount(True)  # back, but the copier is backing off
+    state = json.loads(Path(node.args["state_file"]).read_text())
+    assert state["backoff"]["until"] > time.time() and state["last_error"]["entry"] is None
+    target = by_check(P.host_findings({"checkpoint": node.check()}))["checkpoint:target"]
+    assert target["status"] == "fail" and target["message"].startswith(
+        "the copier cannot reach the target: target %s unavailable: target_dir %s is not on a mounted shared filesystem" % (
+            node.target, node.target))
+    assert ", retrying (backoff until 20" in target["message"] and target["message"].endswith("Z) (1 failed attempt(s) in all)")
+    assert target["evidence"]["last_error"] == state["last_error"]
+    assert "NFS mount of %s" % node.target in target["fix"]
+    # A state without the backoff (only a copy clears it): the last error is still newer than any copy.
+    state["backoff"] = {"seconds": 0, "until": 0}
+    Path(node.args["state_file"]).write_text(json.dumps(state))
+    target = by_check(P.host_findings({"checkpoint": node.check()}))["checkpoint:target"]
+    assert target["status"] == "fail" and target["message"].endswith(" filesystem (it is on /), retrying (1 failed attempt(s) in all)")
+    assert "copied step-100.pt" in node.copier()
+    target = by_check(P.host_findings({"checkpoint": node.check()}))["checkpoint:target"]
+    assert target["status"] == "pass" and target["message"].startswith("no failed attempt since the last copy (1 copied;")
+
+
+def test_checkpoint_staging_usage_at_the_watermark_fails_and_names_the_pause_file(node):
+    pause = node.tmp / "run" / "ckpt-pause"
+    pause.parent.mkdir()
+    node.install(watermark_percent=0, pause_file=str(pause))
+    node.stage("step-100.pt.tmp", 10)
+    node.copier()
+    assert pause.exists()
+    usage = by_check(P.host_findings({"checkpoint": node.check(watermark_percent=0, pause_file=str(pause))}))
+    usage = usage["checkpoint:staging_usage"]
+    assert usage["status"] == "fail" and "at or above the watermark 0 %" in usage["message"]
+    assert usage["message"].endswith("the copier creates %s: the trainer is told to pause checkpointing" % pause)
+    assert usage["evidence"]["watermark_percent"] == 0 and usage["evidence"]["usage_percent"] >= 0
+    node.install()
+    usage = by_check(P.host_findings({"checkpoint": node.check()}))["checkpoint:staging_usage"]
+    assert usage["status"] == "pass" and re.match(r"staging \S+ is [\d.]+ % full, watermark 100 %$", usage["message"])
+    usage = by_check(P.host_findings({"checkpoint": node.check(watermark_percent=0)}))["checkpoint:staging_usage"]
+    assert usage["message"].endswith("no pause_file is set: the trainer is not told to pause")
+
+
+def test_checkpoint_staging_report_is_one_line_per_change_in_the_drift_report(node):
+    """The role's checkpoint_staging_report as tasks/main.yml builds it: the changed files and the staging directory
+    (their path, action and reason), the systemd actions; tune.yml's drift report lists each once."""
+    def report(res):
+        files = [f for f in res["files"] + [res.get("staging", {"action": "unchanged"})] if f["action"] != "unchanged"]
+        return {"state": "present", "check_mode": True, "files": files, "systemd": res["systemd"],
+                "copier_status": res.get("copier_status")}
+
+    res = node.check()
+    found = by_check(P.drift_findings({"checkpoint_staging": report(res)}))["checkpoint_staging"]
+    assert found["status"] == "warn" and found["fatal"] and not any(line.startswith("IRQ ") for line in found["evidence"])
+    assert "create %s (missing)" % node.staging in found["evidence"]
+    assert "systemd enable --now gpunode-ckpt-copier.timer" in found["evidence"]
+    # Every change the module's own drift lines name, once.
+    assert len(found["evidence"]) == len(res["drift"]) + len([a for a in res["systemd"] if not a.startswith("enable")])
+    node.install()
+    found = by_check(P.drift_findings({"checkpoint_staging": report(node.check())}))["checkpoint_staging"]
+    assert found["status"] == "pass" and found["message"] == "in sync"
