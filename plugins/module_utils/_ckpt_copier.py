@@ -25,8 +25,10 @@ deletes the source, and a failed copy is never retried. Here:
   copy interrupted by a crash or a reboot leaves the source and a partial; the
   next pass removes the partial and copies again.
 * **Timeouts**: every operation on the target runs in a forked child killed
-  after ``op_timeout`` (an NFS ``hard`` mount whose server is gone blocks in
-  the kernel; SIGKILL ends such waits), so a hung mount never hangs the copier.
+  when it makes no progress for ``op_timeout`` seconds (an NFS ``hard`` mount
+  whose server is gone blocks in the kernel; SIGKILL ends such waits), so a
+  hung mount never hangs the copier, and a long copy that keeps moving is never
+  cut off. A copy is flushed every 64 MiB, so progress stays visible.
 * **Backoff**: a failed pass doubles the wait from ``retry_min`` to
   ``retry_max``; the reason goes to the log (the journal under systemd) and
   into the state file that :func:`status` reads.
@@ -40,6 +42,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import select
 import shutil
 import signal
 import tempfile
@@ -57,7 +60,7 @@ DEFAULTS = {
     "marker_suffix": ".done",
     "quiet_seconds": 60,
     "verify": "sha256",
-    "op_timeout": 600,
+    "op_timeout": 120,
     "retry_min": 10,
     "retry_max": 600,
     "watermark_percent": 80,
@@ -71,6 +74,7 @@ DEFAULTS = {
     "mountinfo_path": "/proc/self/mountinfo",
 }
 CHUNK = 4 * 1024 * 1024
+SYNC_EVERY = 16  # chunks (64 MiB) between flushes of a copy to the target
 
 
 class CopierError(DetailedError):
@@ -318,18 +322,37 @@ def scan(cfg, now=None, held=None):
 
 # -------------------------------------------------------------------- copy --
 
+# In the child that copies (in_child): the pipe its progress beats go to, or None.
+_PROGRESS = {"fd": None}
+
+
+def _beat():
+    """One unit of progress (a chunk written, flushed or read back): in_child's timeout starts again."""
+    if _PROGRESS["fd"] is not None:
+        os.write(_PROGRESS["fd"], b"\0")
+
+
 def _copy_file(src, dst):
-    """Copy ``src`` to a new ``dst``, fsync'd, mode and times kept; the sha256 of what was read."""
+    """Copy ``src`` to a new ``dst``, fsync'd, mode and times kept; the sha256 of what was read.
+
+    The data is flushed to the target every SYNC_EVERY chunks: the dirty pages stay bounded (a final fsync of a
+    multi-GB file would show no progress for minutes), and each flush that completes is progress."""
     digest = hashlib.sha256()
     with open(src, "rb") as fin:
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as fout:
+            count = 0
             while True:
                 chunk = fin.read(CHUNK)
                 if not chunk:
                     break
                 digest.update(chunk)
                 fout.write(chunk)
+                count += 1
+                if count % SYNC_EVERY == 0:
+                    fout.flush()
+                    os.fdatasync(fout.fileno())
+                _beat()
             fout.flush()
             os.fsync(fout.fileno())
     shutil.copystat(src, dst)
@@ -348,6 +371,7 @@ def file_sha256(path, uncached=True):
             if not chunk:
                 break
             digest.update(chunk)
+            _beat()
     return digest.hexdigest()
 
 
@@ -447,12 +471,17 @@ class OpTimeout(Exception):
 
 
 def in_child(func, timeout, *args):
-    """Run ``func(*args)`` in a forked child and return its JSON-able result; OpTimeout when it runs past
-    ``timeout`` seconds (the child is SIGKILLed), CopierError/OSError re-raised from the child's report."""
+    """Run ``func(*args)`` in a forked child and return its JSON-able result; OpTimeout when it goes ``timeout``
+    seconds without progress (no chunk written, flushed or read back: see _beat) and is SIGKILLed; CopierError and
+    OSError re-raised from the child's report.
+
+    A hung NFS ``hard`` mount blocks the child in the kernel; SIGKILL ends such waits. A large copy that keeps
+    moving is never killed, however long it takes."""
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
         os.close(rfd)
+        _PROGRESS["fd"] = wfd
         code = 0
         try:
             payload = {"ok": func(*args)}
@@ -475,11 +504,16 @@ def in_child(func, timeout, *args):
             done, _status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
+            ready = select.select([rfd], [], [], 0.05)[0]
+            if ready:
+                chunk = os.read(rfd, 65536)
+                if b"\0" in chunk:
+                    deadline = time.monotonic() + timeout
+                data += chunk
             if time.monotonic() > deadline:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-                raise OpTimeout("did not finish in %s s (a hung or unreachable mount?)" % timeout)
-            time.sleep(0.05)
+                raise OpTimeout("made no progress for %s s (a hung or unreachable mount?)" % timeout)
         while True:
             chunk = os.read(rfd, 65536)
             if not chunk:
@@ -487,6 +521,7 @@ def in_child(func, timeout, *args):
             data += chunk
     finally:
         os.close(rfd)
+    data = data.replace(b"\0", b"")
     payload = json.loads(data.decode("utf-8") or '{"error": "the child died without a report", "kind": "other"}')
     if "ok" in payload:
         return payload["ok"]

@@ -20,8 +20,8 @@ description:
   - "The copier moves only complete checkpoints (O(completion)): into a partial name on the target, every file
     fsync'd, verified (O(verify)), renamed to its final name, the target directory fsync'd; only then is the staged
     copy removed. A sharded checkpoint (a directory) moves as a unit. Operations on the target run in a child killed
-    after O(op_timeout) seconds (a hung NFS mount), and a failed pass backs off from O(retry_min) to O(retry_max)
-    seconds, logging the reason to the journal."
+    when it makes no progress for O(op_timeout) seconds (a hung NFS mount), and a failed pass backs off from
+    O(retry_min) to O(retry_max) seconds, logging the reason to the journal."
   - "Every value is checked before anything is written: a staging directory on the target's filesystem, a target
     that is not on a mounted filesystem, a percentage outside 0-100, or a completion rule that cannot be met fails
     naming the value, with nothing changed. Files are written all or nothing (rolled back on a failed write)."
@@ -87,7 +87,9 @@ options:
     type: str
     choices: [sha256, size_mtime]
   op_timeout:
-    description: Seconds one copy (or the probe of the target) may take before it is killed (default 600).
+    description: Seconds an operation on the target (a copy, its read-back, the probe) may go without progress - no
+      4 MiB chunk written or read back, no 64 MiB flush completed - before it is killed (default 120). A copy that
+      keeps moving is never cut off, however large the checkpoint.
     type: int
   retry_min:
     description: First wait in seconds after a failed copy (default 10); doubled on each failure.
@@ -195,6 +197,9 @@ import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 
+# Imported so that AnsiballZ ships the copier's command line (and its import closure) with this module: the
+# library installed on the node is built from those files (_persist.library_files).
+from ansible_collections.gpunode.tuning.plugins.module_utils._ckpt_cli import main as _copier_main  # noqa: F401
 from ansible_collections.gpunode.tuning.plugins.module_utils._ckpt_copier import CopierError, check_config, check_placement, status
 from ansible_collections.gpunode.tuning.plugins.module_utils._ckpt_install import (
     TRIGGERS, UNIT_DIR, UNITS, apply_staging, render, staging_plan)
@@ -326,7 +331,10 @@ def _present(module, params):
         module.fail_json(msg="staging_dir %s %s" % (cfg["staging_dir"], staging["reason"]), option="staging_dir",
                          value=cfg["staging_dir"], expected="a directory (or a path to create one at)", changed=False)
     files = render(cfg, _settings(params))
-    actions = plan_files(files, remove=_owned(params), diff_skip=(params["lib_dir"].rstrip("/") + "/",))
+    # Present: remove only library files no longer shipped (with their bytecode); the bytecode Python writes for
+    # the files still installed is not drift.
+    gone = [p for p in installed_library(params["lib_dir"].rstrip("/")) if p not in files]
+    actions = plan_files(files, remove=gone + bytecode_of(gone), diff_skip=(params["lib_dir"].rstrip("/") + "/",))
     changed_files = [a for a in actions if a["action"] != "unchanged"]
     systemd = Systemd(module)
     states = systemd.states()

@@ -184,7 +184,7 @@ def test_hung_copy_is_killed_leaves_source_and_no_final_name_then_retries(dirs, 
     os.mkfifo(staging / "step300" / "b.distcp")  # nobody writes it: reading blocks until the child is killed
     lines, log = quiet_log()
     summary = cc.run_pass(cfg, log=log)
-    assert summary["copied"] == [] and "did not finish in 1 s" in summary["failed"]["reason"]
+    assert summary["copied"] == [] and "made no progress for 1 s" in summary["failed"]["reason"]
     assert "step300" not in os.listdir(target)  # never under its final name
     assert sorted(os.listdir(staging / "step300")) == ["a.distcp", "b.distcp"]
     state = cc.load_state(cfg["state_file"])
@@ -297,3 +297,40 @@ def test_no_copy_while_the_target_is_not_on_its_mount(dirs, tmp_path):
         assert "is not on" in summary["failed"]["reason"] and "retry in" in lines[-1], lines
         assert (dirs[0] / "ckpt-1.pt").exists() and os.listdir(dirs[1]) == []
     assert cc.run_pass(config(dirs, tmp_path), log=quiet_log()[1], force=True)["copied"] == ["ckpt-1.pt"]
+
+
+def _progressing(seconds, step):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(step)
+        cc._beat()  # pylint: disable=protected-access
+    return "done"
+
+
+def test_the_timeout_is_for_no_progress_not_for_a_long_copy():
+    """A copy that keeps moving (a beat per chunk) runs past op_timeout and finishes; one that stops is killed."""
+    start = time.monotonic()
+    assert cc.in_child(_progressing, 1, 2.5, 0.2) == "done"
+    assert time.monotonic() - start >= 2.5
+    with pytest.raises(cc.OpTimeout) as err:
+        cc.in_child(_progressing, 1, 3, 1.5)
+    assert "made no progress for 1 s" in str(err.value)
+
+
+def test_a_large_copy_beats_and_flushes_as_it_goes(dirs, tmp_path, monkeypatch):
+    """_copy_file gives a beat per chunk (so in_child's timeout restarts) and flushes every SYNC_EVERY chunks."""
+    monkeypatch.setattr(cc, "CHUNK", 1024)
+    monkeypatch.setattr(cc, "SYNC_EVERY", 4)
+    src = dirs[0] / "big.pt"
+    src.write_bytes(os.urandom(10 * 1024))
+    rfd, wfd = os.pipe()
+    monkeypatch.setitem(cc._PROGRESS, "fd", wfd)  # pylint: disable=protected-access
+    syncs = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append(fd), real(fd)))
+    digest = cc._copy_file(str(src), str(dirs[1] / "big.pt"))  # pylint: disable=protected-access
+    os.close(wfd)
+    beats = os.read(rfd, 100)
+    os.close(rfd)
+    assert beats == b"\0" * 10 and len(syncs) == 2
+    assert digest == sha(src.read_bytes()) and (dirs[1] / "big.pt").read_bytes() == src.read_bytes()

@@ -105,6 +105,7 @@ def test_the_rendered_entry_point_runs_the_collections_copier(tmp_path):
     (staging / "step1.pt").write_bytes(b"w" * 12345)
     (staging / "step2.pt.tmp").write_bytes(b"v")
     env = dict(os.environ, PYTHONPATH="")  # only the installed library
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as on a node: Python writes the library's bytecode
     out = subprocess.run([args["entry_point"], args["config_file"]], capture_output=True, text=True, env=env, check=True)
     assert "copied step1.pt" in out.stdout
     assert sorted(os.listdir(target)) == ["step1.pt"] and sorted(os.listdir(staging)) == ["step2.pt.tmp"]
@@ -112,3 +113,10 @@ def test_the_rendered_entry_point_runs_the_collections_copier(tmp_path):
                          check=True)
     report = json.loads(out.stdout)
     assert report["copied"] == 1 and report["oldest_not_durable"]["name"] == "step2.pt.tmp"
+    # The bytecode Python wrote for the installed library is not drift: the module's next plan leaves the library
+    # alone (it used to plan removing every .pyc, so a converged node was never idempotent; found in the lab).
+    pycs = [os.path.join(d, f) for d, _s, fs in os.walk(args["lib_dir"]) for f in fs if f.endswith(".pyc")]
+    assert pycs, "the copier wrote no bytecode: nothing tested"
+    _kind, res = modharness.run(checkpoint_staging, dict(args, python=sys.executable), check=True)
+    lib_actions = dict((f["path"], f["action"]) for f in res["files"] if f["path"].startswith(args["lib_dir"]))
+    assert lib_actions and set(lib_actions.values()) == {"unchanged"}, lib_actions

@@ -1,0 +1,321 @@
+"""checkpoint_staging on a real kernel against a real NFS server (Debian's nfs-kernel-server in the guest, mounted
+over loopback: NFS v4.2, hard). The tests run in order and share the guest:
+
+1. the fresh guest's check-mode plan is what converge did;
+2. bad input fails naming the value, with nothing written;
+3. a writer writes checkpoints slowly in every convention - rename (the role's copier), a sharded directory
+   (rename), a marker and quiescent (the installed copier with configs of their own) - while a monitor in the
+   guest watches staging and the server's own export directory;
+4. the NFS server is stopped while a second round waits: nothing moves, the copier logs the reason and retries
+   with backoff; started again, everything arrives;
+5. the guest loses power (QEMU system_reset) in the middle of a 300 MB copy; after the boot the copy resumes;
+6. nothing is lost: every checkpoint the writer completed is on the server with its checksums, no partial is
+   left, the monitor saw no breach; the counts go to counts.json;
+7. after the power cut the role is still converged (check mode: no change).
+
+The writer and the monitor (files/) are independent of the collection's code.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
+import labtest  # noqa: E402  pylint: disable=wrong-import-position
+
+NODE = {"name": "small-node"}
+FILES = Path(__file__).resolve().parents[1] / "files"
+ENTRY = "/usr/local/sbin/gpunode-ckpt-copier"
+CONFIG = "/etc/gpunode/ckpt-copier.json"
+MANIFEST = "/root/written.jsonl"
+MONITOR_OUT = "/root/monitor.json"
+# staging -> (the target on the NFS mount, the same directory on the server's own filesystem, copier config)
+PAIRS = {
+    "/var/lib/ckpt-staging": ("/mnt/nfs/ckpt", "/srv/nfs/ckpt", CONFIG),
+    "/var/lib/ckpt-marker": ("/mnt/nfs/marker", "/srv/nfs/marker", "/etc/gpunode/lab-ckpt-marker.json"),
+    "/var/lib/ckpt-quiet": ("/mnt/nfs/quiet", "/srv/nfs/quiet", "/etc/gpunode/lab-ckpt-quiet.json"),
+}
+SHARED = {}  # what one test leaves for the next
+
+# Guest side: every manifest entry's state - still staged, on the server (with checksums when asked), partials.
+STATE = r"""
+import hashlib, json, os, sys
+pairs, manifest, sums = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+def sha(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+recs = []
+if os.path.exists(manifest):
+    with open(manifest) as fh:
+        recs = [json.loads(l) for l in fh if l.strip()]
+out = {"entries": [], "partials": [], "staged": {}}
+for staging, (mnt, server, cfg) in pairs.items():
+    out["staged"][staging] = sorted(os.listdir(staging)) if os.path.isdir(staging) else None
+    out["partials"] += [os.path.join(server, n) for n in os.listdir(server) if n.startswith(".gpunode-partial.")]
+for r in recs:
+    server = pairs[r["dir"]][1]
+    final = os.path.join(server, r["name"])
+    e = {"name": r["name"], "rule": r["rule"], "dir": r["dir"], "staged": os.path.lexists(os.path.join(r["dir"], r["name"])),
+         "on_server": os.path.lexists(final), "bytes": r["bytes"]}
+    if sums and e["on_server"]:
+        e["match"] = all(os.path.exists(os.path.join(final, rel) if rel else final)
+                         and sha(os.path.join(final, rel) if rel else final) == want for rel, want in r["files"].items())
+    out["entries"].append(e)
+print(json.dumps(out))
+"""
+
+# Guest side: wait until the copy of NAME is under way on the server (its partial holds between LOW and HIGH bytes).
+MID_COPY = r"""
+import os, sys, time
+path, low, high, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), time.time() + float(sys.argv[4])
+while time.time() < limit:
+    try:
+        size = sum(os.path.getsize(os.path.join(d, f)) for d, _s, fs in os.walk(path) for f in fs) if os.path.isdir(path) \
+            else os.path.getsize(path)
+    except OSError:
+        size = -1
+    if low < size < high:
+        print(size)
+        sys.exit(0)
+    time.sleep(0.1)
+sys.exit(1)
+"""
+
+
+def ssh(command, check=True, timeout=300):
+    return labtest.ssh(NODE["name"], command, check=check, timeout=timeout)
+
+
+def put(path, text):
+    inst = labtest.LAB.load_instance("%s-%s" % (labtest.SCENARIO_NAME, NODE["name"]))
+    res = subprocess.run(labtest.LAB.ssh_base(inst["port"], Path(inst["identity_file"])) + ["cat > %s" % shlex.quote(path)],
+                         input=text, capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+
+
+def py(script, *args, timeout=300, check=True):
+    return ssh("python3 -c %s %s" % (shlex.quote(script), " ".join(shlex.quote(str(a)) for a in args)),
+               timeout=timeout, check=check)
+
+
+def state(sums=False):
+    return json.loads(py(STATE, json.dumps(PAIRS), MANIFEST, "1" if sums else "0").stdout)
+
+
+def copier_status(config):
+    return json.loads(ssh("%s --status %s" % (ENTRY, config)).stdout)
+
+
+def start(unit, argv):
+    """A transient service; RemainAfterExit keeps its result for unit_result()."""
+    ssh("systemd-run --quiet --unit %s -p RemainAfterExit=yes %s" % (unit, " ".join(shlex.quote(a) for a in argv)))
+
+
+def unit_result(unit):
+    out = ssh("systemctl show -p SubState -p Result %s" % unit).stdout
+    return dict(line.split("=", 1) for line in out.split())
+
+
+def write(unit, jobs):
+    start(unit, ["python3", "/root/ckpt_writer.py", MANIFEST, json.dumps(jobs)])
+
+
+def wait_written(unit, timeout=300):
+    assert labtest.wait_until(lambda: unit_result(unit)["SubState"] not in ("running", "start"), timeout) is not None, \
+        "writer %s did not finish" % unit
+    assert unit_result(unit) == {"SubState": "exited", "Result": "success"}, ssh("journalctl -u %s" % unit).stdout
+
+
+def arrived(names):
+    """A predicate: every entry of ``names`` is on the server and no longer staged."""
+    def check():
+        data = state()
+        got = {e["name"]: e for e in data["entries"]}
+        return all(n in got and got[n]["on_server"] and not got[n]["staged"] for n in names) and data
+    return check
+
+
+def test_fresh_check_plan_was_applied():
+    fresh = json.loads((labtest.EPHEMERAL / "checkpoint-small-node-fresh-check.json").read_text())
+    # The last converge was Molecule's idempotence pass: it found nothing to do.
+    last = json.loads((labtest.EPHEMERAL / "checkpoint-small-node-run.json").read_text())
+    assert fresh["check_mode"] is True and last["check_mode"] is False
+    assert last["files"] == [] and last["systemd"] == [], last
+    plan = {f["path"]: f["action"] for f in fresh["files"]}
+    for path in (CONFIG, ENTRY, "/etc/systemd/system/gpunode-ckpt-copier.path",
+                 "/etc/systemd/system/gpunode-ckpt-copier.timer", "/etc/systemd/system/gpunode-ckpt-copier.service",
+                 "/var/lib/ckpt-staging", "/usr/local/lib/gpunode-ckpt-copier/ansible_collections/gpunode/tuning/plugins/"
+                 "module_utils/_ckpt_copier.py"):
+        assert plan.get(path) == "create", (path, plan)
+    assert set(plan.values()) == {"create"}, plan
+    # Everything the fresh plan listed is there now (check mode wrote none of it: prepare.yml).
+    missing = ssh("for p in %s; do test -e $p || echo $p; done" % " ".join(sorted(plan))).stdout.split()
+    assert missing == [], missing
+    assert fresh["systemd"] == ["daemon-reload", "enable --now gpunode-ckpt-copier.path",
+                                "enable --now gpunode-ckpt-copier.timer"], fresh["systemd"]
+    for unit in ("gpunode-ckpt-copier.path", "gpunode-ckpt-copier.timer"):
+        assert ssh("systemctl is-enabled %s; systemctl is-active %s" % (unit, unit)).stdout.split() == ["enabled", "active"]
+    assert ssh("stat -c '%a %U %F' /var/lib/ckpt-staging").stdout.strip() == "750 root directory"
+    config = json.loads(ssh("cat %s" % CONFIG).stdout)
+    # The copier copies only while the target is on the NFS mount found at install time.
+    assert config["target_mount"] == {"point": "/mnt/nfs", "fstype": "nfs4", "source": "localhost:/"}, config
+
+
+def test_bad_input_fails_naming_the_value_and_writes_nothing():
+    watched = " ".join([CONFIG, ENTRY] + ["/etc/systemd/system/gpunode-ckpt-copier.%s" % u for u in ("path", "timer", "service")])
+    before = ssh("sha256sum %s" % watched).stdout
+    res, _recap = labtest.playbook(path=Path(__file__).resolve().parents[1] / "bad_input.yml")
+    assert res.returncode == 0, res.stdout + res.stderr
+    results = {r["item"]["case"]: r for r in json.loads((labtest.EPHEMERAL / "bad-input.json").read_text())}
+    want = {
+        "staging_on_target_fs": ("staging_dir", "that is no staging"),
+        "target_not_mounted": ("target_dir", "is not on a mounted shared filesystem"),
+        "watermark_above_100": ("watermark_percent", "is not a percentage"),
+        "watermark_below_0": ("watermark_percent", "is not a percentage"),
+        "rule_cannot_be_met": ("marker_suffix", "no marker would ever count"),
+    }
+    for case, (option, words) in want.items():
+        r = results[case]
+        assert r.get("failed") and not r.get("changed"), (case, r)
+        assert r.get("option") == option and words in r["msg"], (case, r.get("option"), r["msg"])
+        assert "expected" in r, (case, r)
+    assert ssh("sha256sum %s" % watched).stdout == before
+    assert ssh("ls -d /var/lib/ckpt-bad /mnt/nfs/staging-bad /etc/gpunode/ckpt-bad.json 2>/dev/null || true").stdout == ""
+
+
+def test_checkpoints_in_every_convention_arrive_whole():
+    put("/root/ckpt_writer.py", (FILES / "ckpt_writer.py").read_text())
+    put("/root/ckpt_monitor.py", (FILES / "ckpt_monitor.py").read_text())
+    # The same mount check as the role's copier: its recorded mount.
+    base = {"op_timeout": 10, "retry_min": 2, "retry_max": 8, "target_mount": json.loads(ssh("cat %s" % CONFIG).stdout)["target_mount"]}
+    put(PAIRS["/var/lib/ckpt-marker"][2], json.dumps(dict(base, staging_dir="/var/lib/ckpt-marker", target_dir="/mnt/nfs/marker",
+                                                          completion="marker", state_file="/var/lib/gpunode-ckpt/marker.json")))
+    put(PAIRS["/var/lib/ckpt-quiet"][2], json.dumps(dict(base, staging_dir="/var/lib/ckpt-quiet", target_dir="/mnt/nfs/quiet",
+                                                         completion="quiescent", quiet_seconds=8,
+                                                         state_file="/var/lib/gpunode-ckpt/quiet.json")))
+    # sync: these files must survive the power cut of a later test (the copier's own files are fsync'd by it).
+    ssh("mkdir -p -m 0750 /var/lib/ckpt-marker /var/lib/ckpt-quiet && mkdir -p /mnt/nfs/marker /mnt/nfs/quiet && rm -f %s && sync"
+        % MANIFEST)
+    # The marker and quiescent copiers: the installed command with their configs, a pass every 2 s.
+    for rule in ("marker", "quiet"):
+        start("lab-copier-%s" % rule, ["/bin/sh", "-c", "while :; do %s /etc/gpunode/lab-ckpt-%s.json; sleep 2; done" % (ENTRY, rule)])
+    start("lab-monitor", ["python3", "/root/ckpt_monitor.py", json.dumps({
+        "pairs": [[staging, server] for staging, (_m, server, _c) in PAIRS.items()], "manifest": MANIFEST,
+        "out": MONITOR_OUT, "interval": 0.2})])
+    jobs = [
+        {"rule": "rename", "dir": "/var/lib/ckpt-staging", "name": "ckpt-0100.pt", "mb": 120, "chunk_mb": 2, "pause": 0.1},
+        {"rule": "marker", "dir": "/var/lib/ckpt-marker", "name": "m-0100.pt", "mb": 80, "chunk_mb": 2, "pause": 0.1},
+        {"rule": "sharded", "dir": "/var/lib/ckpt-staging", "name": "ckpt-0200", "mb": 120, "shards": 4, "chunk_mb": 2, "pause": 0.1},
+        {"rule": "quiescent", "dir": "/var/lib/ckpt-quiet", "name": "q-0100.pt", "mb": 80, "chunk_mb": 2, "pause": 0.1, "gap": 3},
+    ]
+    start_at = time.monotonic()
+    write("lab-writer-1", jobs)
+    wait_written("lab-writer-1")
+    took = labtest.wait_until(arrived([j["name"] for j in jobs]), 240)
+    assert took is not None, state()
+    monitor = json.loads(ssh("cat %s" % MONITOR_OUT).stdout)
+    assert monitor["breaches"] == [], monitor["breaches"]
+    assert monitor["partials_seen"], "no copy was seen under way on the server"
+    SHARED["round1_seconds"] = round(time.monotonic() - start_at, 1)
+    journal = ssh("journalctl -o cat -u gpunode-ckpt-copier.service").stdout
+    assert "copied ckpt-0100.pt" in journal and "copied ckpt-0200 " in journal, journal[-3000:]
+
+
+def test_nfs_outage_holds_checkpoints_and_retries():
+    before = {cfg: copier_status(cfg)["retried"] for _m, _s, cfg in PAIRS.values()}
+    since = ssh("date +%s").stdout.strip()
+    ssh("systemctl stop nfs-server.service")
+    stopped = time.monotonic()
+    jobs = [
+        {"rule": "rename", "dir": "/var/lib/ckpt-staging", "name": "ckpt-0300.pt", "mb": 40, "chunk_mb": 4, "pause": 0.05},
+        {"rule": "marker", "dir": "/var/lib/ckpt-marker", "name": "m-0200.pt", "mb": 40, "chunk_mb": 4, "pause": 0.05},
+        {"rule": "quiescent", "dir": "/var/lib/ckpt-quiet", "name": "q-0200.pt", "mb": 40, "chunk_mb": 4, "pause": 0.05, "gap": 3},
+    ]
+    try:
+        write("lab-writer-2", jobs)
+        wait_written("lab-writer-2")
+        # Every copier has met the dead server (its pass timed out or failed) and retried, for at least 25 s.
+        retried = labtest.wait_until(
+            lambda: all(copier_status(cfg)["retried"] > before[cfg] for cfg in before)
+            and time.monotonic() - stopped > 25, 150)
+        assert retried is not None, {cfg: copier_status(cfg) for cfg in before}
+        data = state()
+        for entry in data["entries"]:
+            if entry["name"] in {j["name"] for j in jobs}:
+                assert entry["staged"] and not entry["on_server"], entry
+        errors = {cfg: (copier_status(cfg)["last_error"] or {}).get("reason", "") for cfg in before}
+        assert all("unavailable" in reason or "made no progress" in reason for reason in errors.values()), errors
+    finally:
+        ssh("systemctl start nfs-server.service")
+    outage = round(time.monotonic() - stopped, 1)
+    back = labtest.wait_until(arrived([j["name"] for j in jobs]), 240)
+    assert back is not None, state()
+    journal = ssh("journalctl -o cat -u gpunode-ckpt-copier.service -u lab-copier-marker -u lab-copier-quiet --since @%s" % since).stdout
+    assert "retry in" in journal and ("unavailable" in journal or "made no progress" in journal), journal[-3000:]
+    assert "copied ckpt-0300.pt" in journal and "copied m-0200.pt" in journal and "copied q-0200.pt" in journal
+    monitor = json.loads(ssh("cat %s" % MONITOR_OUT).stdout)
+    assert monitor["breaches"] == [], monitor["breaches"]
+    SHARED.update(outage_seconds=outage, back_after_seconds=round(back, 1),
+                  retried_in_outage=sum(copier_status(cfg)["retried"] - before[cfg] for cfg in before),
+                  outage_errors=errors)
+
+
+def test_power_cut_in_the_middle_of_a_copy_loses_nothing():
+    name, size = "ckpt-0400.pt", 300
+    boot_id = ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    write("lab-writer-3", [{"rule": "rename", "dir": "/var/lib/ckpt-staging", "name": name, "mb": size, "chunk_mb": 8, "pause": 0}])
+    wait_written("lab-writer-3")
+    partial = "/srv/nfs/ckpt/.gpunode-partial.%s" % name
+    caught = py(MID_COPY, partial, 16 << 20, (size << 20) - (16 << 20), 120, timeout=150).stdout.strip()
+    monitor = json.loads(ssh("cat %s" % MONITOR_OUT).stdout)
+    inst = labtest.LAB.load_instance("%s-%s" % (labtest.SCENARIO_NAME, NODE["name"]))
+    labtest.LAB.hmp(Path(inst["monitor"]), "system_reset")  # power cut: no shutdown, no flush
+    assert monitor["breaches"] == [], monitor["breaches"]
+    back = labtest.wait_until(labtest.in_new_boot(NODE, boot_id), 300, step=2)
+    assert back is not None, "no SSH after the reset"
+    assert ssh("findmnt -n -o FSTYPE /mnt/nfs").stdout.strip() == "nfs4"
+    done = labtest.wait_until(arrived([name]), 240)
+    assert done is not None, state()
+    journal = ssh("journalctl -b 0 -o cat -u gpunode-ckpt-copier.service").stdout
+    # The copy was redone in this boot from the staged copy (the partial of the last boot was thrown away).
+    assert ("copying %s" % name) in journal and ("copied %s" % name) in journal, journal[-3000:]
+    SHARED.update(partial_bytes_at_power_cut=int(caught), resumed_after_boot_seconds=round(back + done, 1), monitor=monitor)
+
+
+def test_nothing_is_lost():
+    data = state(sums=True)
+    entries = data["entries"]
+    statuses = {cfg: copier_status(cfg) for _m, _s, cfg in PAIRS.values()}
+    lost = [e for e in entries if not (e["on_server"] and e.get("match"))]
+    counts = {
+        "written": len(entries),
+        "copied": sum(s["copied"] for s in statuses.values()),
+        "retried": sum(s["retried"] for s in statuses.values()),
+        "lost": len(lost),
+        "by_rule": {rule: sum(1 for e in entries if e["rule"] == rule) for rule in ("rename", "sharded", "marker", "quiescent")},
+        "bytes_written": sum(e["bytes"] for e in entries),
+        "copies_seen_under_way": len(SHARED.get("monitor", {}).get("partials_seen", {})),
+    }
+    counts.update({k: v for k, v in SHARED.items() if k != "monitor"})
+    (labtest.EPHEMERAL / "counts.json").write_text(json.dumps(counts, indent=1, sort_keys=True) + "\n")
+    print("checkpoint counts: %s" % json.dumps(counts, sort_keys=True))
+    assert lost == [], lost
+    assert counts["written"] == 8 and counts["copied"] >= counts["written"], counts
+    assert counts["retried"] > 0
+    assert data["partials"] == [], data["partials"]
+    assert all(not names for names in data["staged"].values()), data["staged"]
+
+
+def test_still_converged_after_the_power_cut():
+    for unit in ("gpunode-ckpt-copier.path", "gpunode-ckpt-copier.timer"):
+        assert ssh("systemctl is-active %s" % unit).stdout.strip() == "active"
+    res, recap = labtest.playbook(check=True, tag="after-power-cut")
+    assert res.returncode == 0 and recap == {NODE["name"]: 0}, res.stdout[-3000:]
