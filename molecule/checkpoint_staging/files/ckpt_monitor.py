@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Lab monitor (runs in the guest): watches staging and the NFS server's own export directory while the copier
 works, and records every breach of the copier's promises. Independent of the collection's code on purpose.
 

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """Lab checkpoint writer (runs in the guest): writes checkpoints slowly, the way trainers do, in each of the
 copier's completion conventions, and records each one's checksum in a manifest before it completes it.
 
