@@ -6,10 +6,14 @@
 
 Usage: ``gpunode-ckpt-copier [--status] [--deadline SECONDS] CONFIG``
 
-Without ``--status`` it runs copier passes until nothing complete is left, a
-copy fails (the state file then holds the backoff) or the deadline passes, and
-exits 0; a configuration that is not valid exits 2 naming the value. With
-``--status`` it prints :func:`_ckpt_copier.status` as JSON and changes nothing.
+Without ``--status`` it runs copier passes until a pass copies nothing, the
+target fails (the state file then holds the backoff) or the deadline passes,
+and exits 0; an entry that fails is skipped with its own backoff (and
+quarantined after ``quarantine_after`` failures) while the others go on.
+``--force`` ignores every backoff and quarantine for the first pass. A
+configuration that is not valid exits 2 naming the value. With ``--status`` it
+prints :func:`_ckpt_copier.status` as JSON (``quarantined`` and ``failing``
+entries with their reasons) and changes nothing.
 Log lines go to stdout, which systemd sends to the journal.
 """
 
@@ -37,7 +41,14 @@ def main(argv=None):
         elif flag == "--force":
             force = True
         elif flag == "--deadline" and args:
-            deadline = float(args.pop(0))
+            value = args.pop(0)
+            try:
+                deadline = float(value)
+            except ValueError:
+                deadline = float("nan")
+            if not deadline > 0 or deadline == float("inf"):
+                sys.stderr.write("--deadline %r is not a number of seconds above 0\n" % value)
+                return 2
         else:
             sys.stderr.write("unknown option %s\n" % flag)
             return 2

@@ -4,7 +4,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Checkpoint staging: move *complete* checkpoints from local staging to shared storage without losing one.
 
-Standard library only; the node-side copier and the modules share this code.
+Standard library only; the node-side copier and the modules share this code. The copier runs as the user who owns
+staging (never as root), and it treats everything in staging as written by someone it does not trust.
 
 Seed 000's one-liner (``rsync -a --remove-source-files staging/ nfs/``) loses
 data two ways: it copies a checkpoint that is still being written and then
@@ -15,23 +16,55 @@ deletes the source, and a failed copy is never retried. Here:
   trainer writes ``<name><marker_suffix>`` when done) or ``quiescent`` (no
   process holds a file of it open and nothing in it changed for
   ``quiet_seconds``). A name matching ``temp_patterns`` is never complete.
-* **Copy** (:func:`copy_entry`): into ``<target>/.gpunode-partial.<name>`` (a
-  directory, a sharded checkpoint, as a unit), every file fsync'd, then
-  verified by reading the target back past the page cache (``sha256``) or by
-  size and mtime (``size_mtime``), then renamed to its final name and the
-  target directory fsync'd. A reader of the target never sees a final name
-  that is incomplete.
-* **Source removal** only after that, then the staging directory fsync'd. A
-  copy interrupted by a crash or a reboot leaves the source and a partial; the
-  next pass removes the partial and copies again.
-* **Timeouts**: every operation on the target runs in a forked child killed
-  when it makes no progress for ``op_timeout`` seconds (an NFS ``hard`` mount
-  whose server is gone blocks in the kernel; SIGKILL ends such waits), so a
-  hung mount never hangs the copier, and a long copy that keeps moving is never
-  cut off. A copy is flushed every 64 MiB, so progress stays visible.
-* **Backoff**: a failed pass doubles the wait from ``retry_min`` to
-  ``retry_max``; the reason goes to the log (the journal under systemd) and
-  into the state file that :func:`status` reads.
+* **Only what a checkpoint is made of** (:func:`_walk_entry`): every item is
+  looked at with lstat and opened fd-relative with ``O_NOFOLLOW`` (directories
+  with ``O_DIRECTORY``, files with ``O_NONBLOCK``) and the *open* descriptor is
+  checked with fstat: regular files and directories only. FIFOs, sockets and
+  devices are never opened, they are refused and reported. A link inside a
+  directory entry that resolves inside the same entry is recreated as a link;
+  any other is refused, never followed. A top-level link (Lightning's
+  ``last.ckpt`` with ``save_last="link"``: a relative link to another entry) is
+  recreated on the target, atomically, once its referent is there; a top-level
+  link out of staging is refused. Exactly ``st_size`` bytes of the open
+  descriptor are copied (a growing file cannot keep a copy going); modes come
+  from the descriptor (setuid/setgid dropped), times are set on the target's
+  descriptor, nothing follows a link.
+* **Copy** (:func:`copy_entry`): into ``<target>/.gpunode-partial.<hash>`` (a
+  bounded name, so any valid name works; a directory, a sharded checkpoint, as
+  a unit), every file fsync'd and verified by reading the target back past the
+  page cache (``sha256``) or by size and mtime (``size_mtime``), then renamed to
+  its final name and the target directory fsync'd. A reader of the target never
+  sees a final name that is incomplete. Before the copy starts, a name longer
+  than the target allows and an entry larger than the target's free space are
+  refused with the reason (log, state, status).
+* **A copy counts only if the source did not change**: (st_dev, st_ino, size,
+  mtime_ns, ctime_ns) of every file from its open descriptor before and after
+  its copy, and the whole entry (its file set) walked again after the copy and
+  again right before removal. A changed source drops the partial; the entry is
+  copied again once quiet (not counted as a failure).
+* **Reused names** (``on_conflict``): ``version`` (default, loses nothing: the
+  existing different copy on the target is renamed aside to ``<name>.~N~``, then
+  the new one takes the name), ``replace`` (the new copy replaces the old one:
+  Lightning's ``last.ckpt``-style names) or ``keep`` (both stay where they are
+  and the entry is quarantined). A top-level link always replaces a link of its
+  name (a link holds no data).
+* **Source removal** only after that: exactly the files that were copied, each
+  checked again just before its unlink, then their directories with rmdir; what
+  appeared or changed meanwhile is kept and reported. A crash leaves the source
+  and a partial; partials are removed at the start of every pass.
+* **One entry never blocks the others**: a failing entry is skipped with its own
+  backoff (``retry_min`` doubling to ``retry_max``, in the state file) and the
+  pass goes on; after ``quarantine_after`` failures it is quarantined with its
+  reason (``status()``, preflight's ``checkpoint:durable``) until it changes or
+  a ``--force`` pass. A target that fails (probe, mount, a hung copy) ends the pass with
+  the same backoff for the whole copier.
+* **No pass hangs**: every operation on the target runs in a forked child killed
+  when it makes no progress for ``op_timeout`` seconds; a child that does not
+  end ``kill_grace`` seconds after SIGKILL (uninterruptible sleep on a frozen or
+  hard-mounted filesystem) is abandoned and the target reported hung; the pass
+  lock is a POSIX record lock (not inherited by children, and the child closes
+  it). A backoff never lies more than ``retry_max`` ahead of now, whatever the
+  clock did.
 """
 
 from __future__ import annotations
@@ -41,11 +74,11 @@ import fcntl
 import fnmatch
 import hashlib
 import json
+import math
 import os
 import select
-import shutil
 import signal
-import tempfile
+import stat
 import time
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
@@ -53,7 +86,9 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._persist import fsy
 
 COMPLETION_RULES = ("rename", "marker", "quiescent")
 VERIFY_MODES = ("sha256", "size_mtime")
+CONFLICT_POLICIES = ("version", "replace", "keep")
 PARTIAL_PREFIX = ".gpunode-partial."
+NAME_MAX = 255
 DEFAULTS = {
     "completion": "rename",
     "temp_patterns": ["*.tmp", "*.partial", "*.incomplete", ".*"],
@@ -72,6 +107,13 @@ DEFAULTS = {
     "target_mount": None,
     # The mount table read for that check (a captured one in tests).
     "mountinfo_path": "/proc/self/mountinfo",
+    # A name that exists on the target and holds something else: version (rename the old one aside to <name>.~N~,
+    # loses nothing), replace (the new copy takes its place: last.ckpt-style names) or keep (both stay, quarantined).
+    "on_conflict": "version",
+    # Failures of one entry after which it is quarantined (not tried again until it changes or a --force pass).
+    "quarantine_after": 5,
+    # Seconds a copy child has to end after SIGKILL; past it the child is abandoned and the target reported hung.
+    "kill_grace": 5,
 }
 CHUNK = 4 * 1024 * 1024
 SYNC_EVERY = 16  # chunks (64 MiB) between flushes of a copy to the target
@@ -167,10 +209,24 @@ def check_config(raw):
                               or not all(isinstance(v, str) for v in mount.values())):
         raise CopierError("target_mount %r is not a mount" % (mount,), option="target_mount", value=mount,
                           expected="null, or {point, fstype, source} as in /proc/self/mountinfo")
+    if cfg["on_conflict"] not in CONFLICT_POLICIES:
+        raise CopierError("on_conflict %r is not a conflict policy" % (cfg["on_conflict"],), option="on_conflict",
+                          value=cfg["on_conflict"], expected="one of %s" % ", ".join(CONFLICT_POLICIES))
+    count = cfg["quarantine_after"]
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise CopierError("quarantine_after %r is not a positive count" % (count,), option="quarantine_after", value=count,
+                          expected="an integer of at least 1 (failures of one entry before it is quarantined)")
+    _positive(cfg, "kill_grace")
     if not isinstance(cfg["history"], int) or isinstance(cfg["history"], bool) or cfg["history"] < 1:
         raise CopierError("history %r is not a positive count" % (cfg["history"],), option="history", value=cfg["history"],
                           expected="an integer of at least 1")
     return cfg
+
+
+def read_mountinfo(path):
+    """The text of a mount table; bytes that are not UTF-8 are kept as surrogate escapes (never a traceback)."""
+    with open(path, "rb") as handle:
+        return handle.read().decode("utf-8", "surrogateescape")
 
 
 def parse_mountinfo(text):
@@ -232,6 +288,12 @@ def check_target_mount(cfg, mountinfo_text):
 
 # -------------------------------------------------------------------- scan --
 
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Mode bits a copy keeps: never setuid or setgid (the copier is no way to make one).
+_MODE_MASK = 0o1777
+
+
 def open_paths(proc="/proc"):
     """Every path some process holds open (the targets of /proc/*/fd/*), as real paths."""
     held = set()
@@ -255,27 +317,40 @@ def open_paths(proc="/proc"):
     return held
 
 
-def _walk_files(path):
-    """[(relative path, full path)] of the regular files of an entry (itself when a file), sorted."""
-    if not os.path.isdir(path):
-        return [("", path)]
-    out = []
-    for dirpath, dirnames, filenames in os.walk(path):
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
-            out.append((os.path.relpath(full, path), full))
-    return out
+def _kind_of(mode):
+    """What an lstat/fstat mode is, in words."""
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISLNK(mode):
+        return "link"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    return "special file"
 
 
-def _entry_stat(path):
-    """(bytes, newest mtime) of a file or a directory tree."""
-    size, newest = 0, os.lstat(path).st_mtime
-    for _rel, full in _walk_files(path):
-        st = os.lstat(full)
-        size += st.st_size
-        newest = max(newest, st.st_mtime)
-    return size, newest
+def _tree_stat(dir_fd, name, rel, st, acc):
+    """Add an item's bytes, newest mtime and regular files to ``acc`` [bytes, newest, [rel]]; lstat only, a
+    directory opened O_NOFOLLOW fd-relative, nothing else opened, no link followed."""
+    acc[1] = max(acc[1], st.st_mtime)
+    if stat.S_ISREG(st.st_mode):
+        acc[0] += st.st_size
+        acc[2].append(rel)
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    fd = os.open(name, _OPEN_DIR, dir_fd=dir_fd)
+    try:
+        for child in sorted(os.listdir(fd)):
+            _tree_stat(fd, child, rel + "/" + child if rel else child, os.stat(child, dir_fd=fd, follow_symlinks=False),
+                       acc)
+    finally:
+        os.close(fd)
 
 
 def is_temp(name, cfg):
@@ -283,47 +358,204 @@ def is_temp(name, cfg):
 
 
 def scan(cfg, now=None, held=None):
-    """The staged entries, oldest first: dicts with name, path, kind, bytes, mtime, complete and why not."""
+    """The staged entries, oldest first: dicts with name, path, kind (file, directory, link, or what else it is:
+    FIFO, socket, device), bytes, mtime (newest in the entry), ino, complete and why not. Nothing is followed."""
     now = time.time() if now is None else now
-    names = set(os.listdir(cfg["staging_dir"]))
     suffix = cfg["marker_suffix"] if cfg["completion"] == "marker" else None
     entries = []
-    for name in names:
-        path = os.path.join(cfg["staging_dir"], name)
-        if suffix and name.endswith(suffix):
-            continue  # a marker (an orphan one is left by a crash between removing a copied entry and its marker)
-        try:
-            size, newest = _entry_stat(path)
-        except OSError:
-            continue  # removed while scanning
-        entry = {"name": name, "path": path, "kind": "directory" if os.path.isdir(path) else "file",
-                 "bytes": size, "mtime": newest, "complete": False, "why": None}
-        if is_temp(name, cfg):
-            entry["why"] = "temporary name (matches temp_patterns)"
-        elif cfg["completion"] == "marker" and not os.path.exists(path + suffix):
-            entry["why"] = "no marker %s%s" % (name, suffix)
-        elif cfg["completion"] == "quiescent":
-            if held is None:
-                held = open_paths()
-            files = [full for _rel, full in _walk_files(path)]
-            busy = [f for f in files if os.path.realpath(f) in held]
-            if busy:
-                entry["why"] = "open by a process (%s)" % os.path.basename(busy[0])
-            elif now - newest < cfg["quiet_seconds"]:
-                entry["why"] = "changed %.0f s ago (quiet_seconds %s)" % (now - newest, cfg["quiet_seconds"])
+    sfd = os.open(cfg["staging_dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in os.listdir(sfd):
+            if suffix and name.endswith(suffix):
+                continue  # a marker (an orphan one is left by a crash between removing a copied entry and its marker)
+            try:
+                top = os.stat(name, dir_fd=sfd, follow_symlinks=False)
+                acc = [0, top.st_mtime, []]
+                _tree_stat(sfd, name, "", top, acc)
+            except OSError:
+                continue  # removed or replaced while scanning: the next pass sees it
+            path = os.path.join(cfg["staging_dir"], name)
+            entry = {"name": name, "path": path, "kind": _kind_of(top.st_mode), "bytes": acc[0], "mtime": acc[1],
+                     "ino": top.st_ino, "complete": False, "why": None}
+            if is_temp(name, cfg):
+                entry["why"] = "temporary name (matches temp_patterns)"
+            elif cfg["completion"] == "marker" and not os.path.lexists(path + suffix):
+                entry["why"] = "no marker %s%s" % (name, suffix)
+            elif cfg["completion"] == "quiescent":
+                if held is None:
+                    held = open_paths()
+                files = [os.path.join(path, rel) if rel else path for rel in acc[2]]
+                busy = [f for f in files if os.path.realpath(f) in held]
+                if busy:
+                    entry["why"] = "open by a process (%s)" % os.path.basename(busy[0])
+                elif now - acc[1] < cfg["quiet_seconds"]:
+                    entry["why"] = "changed %.0f s ago (quiet_seconds %s)" % (now - acc[1], cfg["quiet_seconds"])
+                else:
+                    entry["complete"] = True
             else:
                 entry["complete"] = True
-        else:
-            entry["complete"] = True
-        entries.append(entry)
+            entries.append(entry)
+    finally:
+        os.close(sfd)
     entries.sort(key=lambda e: (e["mtime"], e["name"]))
     return entries
+
+
+# -------------------------------------------------------------------- walk --
+
+class SourceChanged(CopierError):
+    """The staged entry changed while it was read, or is not ready yet: nothing counts, it is copied again once quiet
+    (not a failure)."""
+
+    kind = "changed"
+
+
+class Refused(CopierError):
+    """Something a checkpoint is not made of (a FIFO, a socket, a device, a link out of its entry): never opened,
+    never followed."""
+
+    kind = "refused"
+
+
+class NoRoom(CopierError):
+    """The entry does not fit the target's free space (said before the copy starts): retried with its own backoff,
+    never quarantined (the target's space is not the entry's fault)."""
+
+    kind = "noroom"
+
+
+class Conflict(CopierError):
+    """The name exists on the target with other content and ``on_conflict`` is keep: the entry is quarantined."""
+
+    kind = "conflict"
+
+
+def _ident(st):
+    """What must not change while a file is copied: (st_dev, st_ino, size, mtime_ns, ctime_ns)."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _inner_link_ok(rel, link, links):
+    """Whether the link at ``rel`` (inside an entry) to ``link`` resolves inside the same entry, its components
+    resolved as the kernel would, through the entry's other links (``links``: {rel: target})."""
+    if not link or link.startswith("/"):
+        return False
+    parts = [p for p in rel.split("/")[:-1] if p]
+    todo, hops = link.split("/"), 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:
+                return False
+            parts.pop()
+            continue
+        here = "/".join(parts + [part])
+        if here in links:
+            hops += 1
+            if hops > 40 or links[here].startswith("/"):
+                return False
+            todo = links[here].split("/") + todo
+            continue
+        parts.append(part)
+    return True
+
+
+def _walk_item(dir_fd, name, rel, items, visit, label):
+    where = "%s/%s" % (label, rel) if rel else label
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        raise SourceChanged("%s was removed while it was read" % where, value=where,
+                            expected="an entry that stays as it is while it is copied")
+    kind = _kind_of(st.st_mode)
+    if kind == "link":
+        items[rel] = {"type": "l", "link": os.readlink(name, dir_fd=dir_fd), "id": _ident(st)}
+        if visit:
+            visit(rel, items[rel], None)
+        return
+    if kind not in ("file", "directory"):
+        raise Refused("%s is a %s: a checkpoint is made of regular files and directories; it was not opened" % (where, kind),
+                      value=where, expected="regular files and directories only")
+    try:
+        fd = os.open(name, _OPEN_DIR if kind == "directory" else _OPEN_FILE, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOENT, errno.ENOTDIR):
+            raise SourceChanged("%s was replaced while it was read (%s)" % (where, exc.strerror), value=where,
+                                expected="an entry that stays as it is while it is copied")
+        raise
+    try:
+        fst = os.fstat(fd)
+        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino) or _kind_of(fst.st_mode) != kind:
+            raise SourceChanged("%s was replaced while it was read" % where, value=where,
+                                expected="an entry that stays as it is while it is copied")
+        items[rel] = {"type": kind[0], "id": _ident(fst), "mode": stat.S_IMODE(fst.st_mode),
+                      "atime_ns": fst.st_atime_ns, "mtime_ns": fst.st_mtime_ns}
+        if visit:
+            visit(rel, items[rel], fd)
+        if kind == "directory":
+            for child in sorted(os.listdir(fd)):
+                _walk_item(fd, child, rel + "/" + child if rel else child, items, visit, label)
+    finally:
+        os.close(fd)
+
+
+def _walk_entry(dir_fd, name, visit=None):
+    """Every item of the entry ``name`` in the directory ``dir_fd``, never following a link: {rel: {"type": "f", "d"
+    or "l", "id": _ident, "mode", "atime_ns", "mtime_ns" | "link"}}, a directory before its contents, rel "" the entry
+    itself. ``visit(rel, item, fd)`` runs for each with its descriptor open (None for a link).
+
+    Each item is lstat'ed first: FIFOs, sockets and devices are never opened (Refused). Files are opened O_NOFOLLOW
+    and O_NONBLOCK, directories O_DIRECTORY|O_NOFOLLOW, fd-relative; the open descriptor must be the lstat'ed inode
+    (else SourceChanged). A link inside the entry must resolve inside it (else Refused); a top-level link is the
+    caller's business."""
+    items = {}
+    _walk_item(dir_fd, name, "", items, visit, name)
+    links = dict((rel, item["link"]) for rel, item in items.items() if item["type"] == "l" and rel)
+    for rel, link in sorted(links.items()):
+        if not _inner_link_ok(rel, link, links):
+            raise Refused("%s/%s is a link to %s, out of the entry: refused, never followed" % (name, rel, link),
+                          value="%s/%s" % (name, rel), expected="links that stay inside the checkpoint's directory")
+    return items
+
+
+def _difference(before, after):
+    """The first difference between two walks of one entry (a file set or a file's identity), or None."""
+    for rel in sorted(set(before) | set(after)):
+        old, new = before.get(rel), after.get(rel)
+        where = rel or "the entry"
+        if old is None:
+            return "%s appeared" % where
+        if new is None:
+            return "%s disappeared" % where
+        if old["type"] != new["type"]:
+            return "%s changed its type" % where
+        if old["type"] == "f" and old["id"] != new["id"]:
+            return "%s changed (size, mtime or ctime)" % where
+        if old["type"] == "l" and old["link"] != new["link"]:
+            return "%s points elsewhere" % where
+        if old["id"][:2] != new["id"][:2]:
+            return "%s was replaced" % where
+    return None
 
 
 # -------------------------------------------------------------------- copy --
 
 # In the child that copies (in_child): the pipe its progress beats go to, or None.
 _PROGRESS = {"fd": None}
+# Test hooks (none in production): "after_chunk" (where, offset) in the child after each chunk is written,
+# "before_verify" (target path) in the child before a copied file is read back, "before_remove" (entry) in the
+# parent before the source is removed.
+_HOOKS = {}
+# os.fstatvfs, or a stand-in in tests.
+_statvfs = os.fstatvfs
+
+
+def _hook(name, *args):
+    hook = _HOOKS.get(name)
+    if hook is not None:
+        hook(*args)
 
 
 def _beat():
@@ -332,136 +564,418 @@ def _beat():
         os.write(_PROGRESS["fd"], b"\0")
 
 
-def _copy_file(src, dst):
-    """Copy ``src`` to a new ``dst``, fsync'd, mode and times kept; the sha256 of what was read.
+def _copy_fd(src_fd, size, dst_fd, where):
+    """Copy exactly ``size`` bytes of ``src_fd`` to ``dst_fd`` (never more: a file that grows cannot keep a copy
+    going), fsync'd; the sha256 of what was read.
 
     The data is flushed to the target every SYNC_EVERY chunks: the dirty pages stay bounded (a final fsync of a
     multi-GB file would show no progress for minutes), and each flush that completes is progress."""
     digest = hashlib.sha256()
-    with open(src, "rb") as fin:
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fout:
-            count = 0
-            while True:
-                chunk = fin.read(CHUNK)
-                if not chunk:
-                    break
-                digest.update(chunk)
-                fout.write(chunk)
-                count += 1
-                if count % SYNC_EVERY == 0:
-                    fout.flush()
-                    os.fdatasync(fout.fileno())
-                _beat()
-            fout.flush()
-            os.fsync(fout.fileno())
-    shutil.copystat(src, dst)
+    offset, count = 0, 0
+    while offset < size:
+        chunk = os.pread(src_fd, min(CHUNK, size - offset), offset)
+        if not chunk:
+            raise SourceChanged("%s shrank while it was copied" % where, value=where,
+                                expected="a file that stays as it is while it is copied")
+        digest.update(chunk)
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst_fd, view):]
+        offset += len(chunk)
+        count += 1
+        if count % SYNC_EVERY == 0:
+            os.fdatasync(dst_fd)
+        _hook("after_chunk", where, offset)
+        _beat()
+    os.fsync(dst_fd)
+    return digest.hexdigest()
+
+
+def _fd_sha256(fd, uncached=True):
+    """sha256 of an open file; with ``uncached``, its pages are dropped first so the read comes from the storage
+    (for NFS, from the server), not from what this host just wrote."""
+    if uncached and hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    digest = hashlib.sha256()
+    offset = 0
+    while True:
+        chunk = os.pread(fd, CHUNK, offset)
+        if not chunk:
+            break
+        digest.update(chunk)
+        offset += len(chunk)
+        _beat()
     return digest.hexdigest()
 
 
 def file_sha256(path, uncached=True):
-    """sha256 of a file; with ``uncached``, its pages are dropped first so the read comes from the storage
-    (for NFS, from the server), not from what this host just wrote."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        if uncached and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        while True:
-            chunk = handle.read(CHUNK)
-            if not chunk:
-                break
-            digest.update(chunk)
-            _beat()
-    return digest.hexdigest()
-
-
-def _verify(manifest, root, mode):
-    """The first difference between a copy under ``root`` and the source's manifest, or None."""
-    for rel, want in sorted(manifest.items()):
-        path = os.path.join(root, rel) if rel else root
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            return "%s: %s" % (rel or os.path.basename(root), exc.strerror)
-        if st.st_size != want["bytes"]:
-            return "%s: %d bytes on the target, %d in staging" % (rel or os.path.basename(root), st.st_size, want["bytes"])
-        if mode == "sha256" and file_sha256(path) != want["sha256"]:
-            return "%s: sha256 on the target differs from staging" % (rel or os.path.basename(root))
-        if mode == "size_mtime" and int(st.st_mtime) != int(want["mtime"]):
-            return "%s: mtime on the target differs from staging" % (rel or os.path.basename(root))
-    return None
-
-
-def _remove(path):
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.unlink(path)
+    """sha256 of a file (opened O_NOFOLLOW), read past the page cache with ``uncached``."""
+    fd = os.open(path, _OPEN_FILE)
+    try:
+        return _fd_sha256(fd, uncached)
+    finally:
+        os.close(fd)
 
 
 def partial_name(name):
-    return PARTIAL_PREFIX + name
+    """The partial a copy of ``name`` is written to: the prefix and a hash, so any valid name fits NAME_MAX."""
+    return PARTIAL_PREFIX + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def _bounded(name, suffix):
+    """``name`` + ``suffix``, ``name`` cut so that the whole fits NAME_MAX bytes."""
+    raw = name.encode("utf-8", "surrogateescape")[:NAME_MAX - len(suffix.encode("utf-8"))]
+    return raw.decode("utf-8", "surrogateescape") + suffix
+
+
+def _lstat_at(dir_fd, name):
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _remove_at(dir_fd, name):
+    """Remove ``name`` (a tree, a file or a link) in ``dir_fd`` without following a link; nothing when absent."""
+    st = _lstat_at(dir_fd, name)
+    if st is None:
+        return
+    _beat()
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    fd = os.open(name, _OPEN_DIR, dir_fd=dir_fd)
+    try:
+        for child in os.listdir(fd):
+            _remove_at(fd, child)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=dir_fd)
+
+
+def _room(tfd, name, size, cfg):
+    """Before a copy starts: CopierError when the name is longer than the target allows or the entry is larger
+    than the target's free space."""
+    st = _statvfs(tfd)
+    longest = st.f_namemax or NAME_MAX
+    length = len(name.encode("utf-8", "surrogateescape"))
+    if length > longest:
+        raise CopierError("%s: a name of %d bytes is longer than the target allows (%d): not copied" % (name, length, longest),
+                          value=name, expected="names of at most %d bytes on %s" % (longest, cfg["target_dir"]))
+    free = st.f_bavail * st.f_frsize
+    if size > free:
+        raise NoRoom("%s needs %d bytes, the target %s has %d free: not started, will retry" % (
+            name, size, cfg["target_dir"], free), value=name, expected="at most %d bytes (the target's free space)" % free)
+
+
+def _digests(dir_fd, name, uncached):
+    """(walk, {rel: sha256}) of an entry."""
+    shas = {}
+
+    def visit(rel, item, fd):
+        if item["type"] == "f":
+            shas[rel] = _fd_sha256(fd, uncached)
+
+    return _walk_entry(dir_fd, name, visit), shas
+
+
+def _same_on_target(sfd, tfd, name, before, mode):
+    """None when the target's ``name`` holds what staging's does, else the first difference."""
+    try:
+        there, there_sha = _digests(tfd, name, True) if mode == "sha256" else (_walk_entry(tfd, name), {})
+    except CopierError as exc:
+        return str(exc)
+    for rel in sorted(set(before) | set(there)):
+        old, new = before.get(rel), there.get(rel)
+        where = rel or name
+        if old is None or new is None or old["type"] != new["type"]:
+            return "%s: not the same files on the target" % where
+        if old["type"] == "l" and old["link"] != new["link"]:
+            return "%s: the link points elsewhere on the target" % where
+        if old["type"] == "f" and old["id"][2] != new["id"][2]:
+            return "%s: %d bytes on the target, %d in staging" % (where, new["id"][2], old["id"][2])
+        if old["type"] == "f" and mode == "size_mtime" and old["mtime_ns"] // 10 ** 9 != new["mtime_ns"] // 10 ** 9:
+            return "%s: mtime on the target differs from staging" % where
+    if mode == "sha256":
+        here, here_sha = _digests(sfd, name, False)
+        problem = _difference(before, here)
+        if problem:
+            raise SourceChanged("%s: %s while it was compared" % (name, problem), value=name,
+                                expected="an entry that stays as it is while it is copied")
+        for rel in sorted(here_sha):
+            if here_sha[rel] != there_sha.get(rel):
+                return "%s: sha256 on the target differs from staging" % (rel or name)
+    return None
+
+
+def _copy_tree(sfd, tfd, name, partial, before, cfg):
+    """Copy the entry into ``partial`` (in tfd), each file checked against ``before`` as it is opened and again after
+    its copy, read back and given its mode and times; {rel: sha256}."""
+    shas = {}
+
+    def visit(rel, item, fd):
+        want = before.get(rel)
+        where = "%s/%s" % (name, rel) if rel else name
+        dst = "%s/%s" % (partial, rel) if rel else partial
+        if want is None or want["type"] != item["type"] or want["id"][:2] != item["id"][:2]:
+            raise SourceChanged("%s appeared or was replaced during the copy" % where, value=where,
+                                expected="an entry that stays as it is while it is copied")
+        if item["type"] == "d":
+            os.mkdir(dst, 0o700, dir_fd=tfd)
+            return
+        if item["type"] == "l":
+            if item["link"] != want["link"]:
+                raise SourceChanged("%s points elsewhere since the copy began" % where, value=where,
+                                    expected="an entry that stays as it is while it is copied")
+            os.symlink(item["link"], dst, dir_fd=tfd)
+            return
+        if item["id"] != want["id"]:
+            raise SourceChanged("%s changed before its copy began" % where, value=where,
+                                expected="an entry that stays as it is while it is copied")
+        out = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=tfd)
+        try:
+            digest = _copy_fd(fd, want["id"][2], out, where)
+            if _ident(os.fstat(fd)) != want["id"]:
+                raise SourceChanged("%s changed while it was copied (size, mtime or ctime): the copy does not count"
+                                    % where, value=where, expected="a file that stays as it is while it is copied")
+            _hook("before_verify", os.path.join(cfg["target_dir"], dst))
+            size = os.fstat(out).st_size
+            if size != want["id"][2]:
+                raise CopierError("verification of %s failed (%d bytes on the target, %d in staging): left in staging, "
+                                  "will retry" % (where, size, want["id"][2]), value=where,
+                                  expected="a target copy equal to the staged one")
+            if cfg["verify"] == "sha256" and _fd_sha256(out) != digest:
+                raise CopierError("verification of %s failed (sha256 on the target differs from staging): left in "
+                                  "staging, will retry" % where, value=where, expected="a target copy equal to the staged one")
+            os.fchmod(out, want["mode"] & _MODE_MASK)
+            os.utime(out, ns=(want["atime_ns"], want["mtime_ns"]))
+            if cfg["verify"] == "size_mtime" and os.fstat(out).st_mtime_ns // 10 ** 9 != want["mtime_ns"] // 10 ** 9:
+                raise CopierError("verification of %s failed (mtime on the target differs from staging)" % where,
+                                  value=where, expected="a target copy equal to the staged one")
+            os.fsync(out)
+        finally:
+            os.close(out)
+        shas[rel] = digest
+
+    _walk_entry(sfd, name, visit)
+    # Directories last, deepest first: their modes and times, each fsync'd (its entries are durable).
+    for rel in sorted((r for r, i in before.items() if i["type"] == "d"), key=lambda r: -len(r.split("/")) if r else 0):
+        fd = os.open("%s/%s" % (partial, rel) if rel else partial, _OPEN_DIR, dir_fd=tfd)
+        try:
+            os.fsync(fd)
+            os.fchmod(fd, before[rel]["mode"] & _MODE_MASK)
+            os.utime(fd, ns=(before[rel]["atime_ns"], before[rel]["mtime_ns"]))
+        finally:
+            os.close(fd)
+    return shas
+
+
+def _set_aside(tfd, name):
+    """Rename the target's ``name`` to a free ``<name>.~N~``; that name."""
+    number = 1
+    while True:
+        aside = _bounded(name, ".~%d~" % number)
+        if _lstat_at(tfd, aside) is None:
+            os.rename(name, aside, src_dir_fd=tfd, dst_dir_fd=tfd)
+            return aside
+        number += 1
+
+
+def _into_place(tfd, partial, name, existing, cfg):
+    """Rename ``partial`` to ``name``; an ``existing`` different one is renamed aside first (version) or after
+    (replace: then removed). The target directory is fsync'd after the rename. The action taken."""
+    aside = _set_aside(tfd, name) if existing else None
+    try:
+        os.rename(partial, name, src_dir_fd=tfd, dst_dir_fd=tfd)
+    except OSError:
+        if aside:
+            os.rename(aside, name, src_dir_fd=tfd, dst_dir_fd=tfd)
+        raise
+    fsync_dir(cfg["target_dir"])
+    if aside and cfg["on_conflict"] == "replace":
+        _remove_at(tfd, aside)
+        return "replaced", None
+    return ("versioned" if aside else "copied"), aside
+
+
+def _copy_link(sfd, tfd, name, top, cfg):
+    """A top-level link (Lightning's last.ckpt with save_last="link"): once its referent is on the target, the same
+    relative link is made there (under the partial name, then renamed). A link out of staging is refused."""
+    link = os.readlink(name, dir_fd=sfd)
+    ref = os.path.normpath(link) if link else ""
+    if not link or link.startswith("/") or ref in (".", "..") or ref.startswith("../") or ref.split("/")[0] == name:
+        raise Refused("%s is a link to %s, outside staging: refused, never followed" % (name, link), value=name,
+                      expected="a relative link to another checkpoint in staging (last.ckpt with save_last='link')")
+    manifest = {"": {"type": "l", "link": link, "id": _ident(top)}}
+    if _lstat_at(tfd, ref) is None:
+        if _lstat_at(sfd, ref.split("/")[0]) is None:
+            raise Refused("%s is a link to %s, which is neither in staging nor on the target" % (name, link), value=name,
+                          expected="a link to a checkpoint in staging")
+        raise SourceChanged("%s -> %s: waiting for %s to be on the target" % (name, link, ref), value=name,
+                            expected="its referent on the target first")
+    existing = _lstat_at(tfd, name)
+    if existing is not None and stat.S_ISLNK(existing.st_mode) and os.readlink(name, dir_fd=tfd) == link:
+        return {"action": "present", "bytes": 0, "files": 0, "sha256": None, "manifest": manifest, "aside": None}
+    data = existing is not None and not stat.S_ISLNK(existing.st_mode)
+    if data and cfg["on_conflict"] == "keep":
+        raise Conflict("%s already exists on the target and is not a link: on_conflict keep leaves both; quarantined"
+                       % name, value=name, expected="no entry of that name on the target, or on_conflict version or replace")
+    partial = partial_name(name)
+    _remove_at(tfd, partial)
+    os.symlink(link, partial, dir_fd=tfd)
+    try:
+        if data:
+            action, aside = _into_place(tfd, partial, name, True, cfg)
+        else:  # a link replaces a link (it holds no data) in one rename
+            os.rename(partial, name, src_dir_fd=tfd, dst_dir_fd=tfd)
+            fsync_dir(cfg["target_dir"])
+            action, aside = "linked", None
+    except BaseException:
+        _remove_at(tfd, partial)
+        raise
+    return {"action": action, "bytes": 0, "files": 0, "sha256": None, "manifest": manifest, "aside": aside}
 
 
 def copy_entry(entry, cfg):
     """Copy one complete entry to the target under a partial name, verify, rename into place, fsync.
 
-    Returns {"action": "copied"|"present", "bytes", "files", "sha256" (of a single file)}. When the final name
-    already exists (a copy that was renamed but whose source was not yet removed, e.g. a reboot in between), it
-    is verified against the source instead; a different one raises CopierError and nothing is removed.
-    """
-    target_dir, name = cfg["target_dir"], entry["name"]
-    final = os.path.join(target_dir, name)
-    partial = os.path.join(target_dir, partial_name(name))
-    sources = _walk_files(entry["path"])
-    if os.path.lexists(final):
-        manifest = {}
-        for rel, full in sources:
-            st = os.stat(full)
-            manifest[rel] = {"bytes": st.st_size, "mtime": st.st_mtime,
-                             "sha256": file_sha256(full, uncached=False) if cfg["verify"] == "sha256" else None}
-        problem = _verify(manifest, final, cfg["verify"])
+    Returns {"action": "copied"|"versioned"|"replaced"|"linked"|"present", "bytes", "files", "sha256" (of a single
+    file), "manifest" (the walk the removal checks against), "aside" (where an older copy went)}. When the final
+    name already holds the same checkpoint (renamed, source not yet removed: a reboot in between) it is "present";
+    a different one is handled by ``on_conflict``. SourceChanged when the entry changed at any point (nothing
+    counts), Refused for what a checkpoint is not made of, CopierError for a name too long or an entry too large
+    (before anything is written) or a copy that does not verify; the partial is removed on every failure."""
+    name = entry["name"]
+    sfd = os.open(cfg["staging_dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        tfd = os.open(cfg["target_dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            top = _lstat_at(sfd, name)
+            if top is None:
+                raise SourceChanged("%s was removed from staging" % name, value=name, expected="an entry in staging")
+            if stat.S_ISLNK(top.st_mode):
+                return _copy_link(sfd, tfd, name, top, cfg)
+            before = _walk_entry(sfd, name)
+            files = [rel for rel, item in before.items() if item["type"] == "f"]
+            size = sum(before[rel]["id"][2] for rel in files)
+            existing = _lstat_at(tfd, name) is not None
+            if existing:
+                problem = _same_on_target(sfd, tfd, name, before, cfg["verify"])
+                if problem is None:
+                    return {"action": "present", "bytes": size, "files": len(files), "sha256": None,
+                            "manifest": before, "aside": None}
+                if cfg["on_conflict"] == "keep":
+                    raise Conflict("%s already exists on the target and differs (%s): on_conflict keep leaves both; "
+                                   "quarantined" % (name, problem), value=name,
+                                   expected="no entry of that name on the target, or the same checkpoint")
+            _room(tfd, name, size, cfg)
+            partial = partial_name(name)
+            _remove_at(tfd, partial)  # an interrupted earlier copy: start again
+            try:
+                shas = _copy_tree(sfd, tfd, name, partial, before, cfg)
+                problem = _difference(before, _walk_entry(sfd, name))
+                if problem:
+                    raise SourceChanged("%s: %s during the copy: the copy does not count" % (name, problem), value=name,
+                                        expected="an entry that stays as it is while it is copied")
+                action, aside = _into_place(tfd, partial, name, existing, cfg)
+            except BaseException:
+                try:
+                    _remove_at(tfd, partial)
+                except OSError:
+                    pass  # the next pass's cleanup removes it
+                raise
+            return {"action": action, "bytes": size, "files": len(files), "sha256": shas.get(""), "manifest": before,
+                    "aside": aside}
+        finally:
+            os.close(tfd)
+    finally:
+        os.close(sfd)
+
+
+def _remove_item(dir_fd, name, rel, manifest, kept, label):
+    where = "%s/%s" % (label, rel) if rel else label
+    want = manifest.get(rel)
+    st = _lstat_at(dir_fd, name)
+    if st is None:
+        return
+    if want is None:
+        kept.append("%s: not part of the copy" % where)
+        return
+    if want["type"] == "d":
+        fd = os.open(name, _OPEN_DIR, dir_fd=dir_fd)
+        try:
+            if [os.fstat(fd).st_dev, os.fstat(fd).st_ino] != want["id"][:2]:
+                kept.append("%s: replaced since the copy" % where)
+                return
+            for child in sorted(os.listdir(fd)):
+                _remove_item(fd, child, rel + "/" + child if rel else child, manifest, kept, label)
+            try:
+                os.rmdir(name, dir_fd=dir_fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                # Something appeared while the copied files were removed: it stays (never an rmtree).
+                for child in sorted(os.listdir(fd)):
+                    child_rel = rel + "/" + child if rel else child
+                    if child_rel not in manifest:
+                        kept.append("%s/%s: not part of the copy" % (label, child_rel))
+        finally:
+            os.close(fd)
+        return
+    if want["type"] == "l":
+        if stat.S_ISLNK(st.st_mode) and os.readlink(name, dir_fd=dir_fd) == want["link"]:
+            os.unlink(name, dir_fd=dir_fd)
+        else:
+            kept.append("%s: changed since the copy" % where)
+        return
+    try:
+        fd = os.open(name, _OPEN_FILE, dir_fd=dir_fd)
+    except OSError:
+        kept.append("%s: replaced since the copy" % where)
+        return
+    try:
+        same = _ident(os.fstat(fd)) == want["id"]
+    finally:
+        os.close(fd)
+    if same:
+        os.unlink(name, dir_fd=dir_fd)
+    else:
+        kept.append("%s: changed since the copy" % where)
+
+
+def remove_source(entry, cfg, manifest):
+    """Remove exactly what was copied (``manifest``, the walk copy_entry returned) from staging, then fsync it.
+
+    The entry is walked again first: if anything differs (a file appended to or rewritten, a shard added), nothing is
+    removed. Then each file is checked again just before its unlink, and directories are removed with rmdir, so
+    what appears meanwhile stays. Returns what was kept, with why ([] when all is gone)."""
+    name = entry["name"]
+    sfd = os.open(cfg["staging_dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _hook("before_remove", entry)
+        try:
+            if manifest[""]["type"] == "l":
+                top = _lstat_at(sfd, name)
+                now = {"": {"type": "l", "link": os.readlink(name, dir_fd=sfd), "id": _ident(top)}} if top and \
+                    stat.S_ISLNK(top.st_mode) else {}
+            else:
+                now = _walk_entry(sfd, name)
+        except CopierError as exc:
+            return ["%s: %s" % (name, exc)]
+        problem = _difference(manifest, now)
         if problem:
-            raise CopierError("%s already exists on the target and differs (%s): left in staging" % (name, problem),
-                              value=final, expected="no entry of that name on the target, or the same checkpoint")
-        return {"action": "present", "bytes": sum(m["bytes"] for m in manifest.values()), "files": len(manifest),
-                "sha256": manifest[""]["sha256"] if "" in manifest else None}
-    if os.path.lexists(partial):
-        _remove(partial)  # an interrupted earlier copy: start again
-    manifest = {}
-    if entry["kind"] == "directory":
-        os.mkdir(partial, 0o700)
-        for dirpath, dirnames, _files in os.walk(entry["path"]):
-            for sub in sorted(dirnames):
-                os.mkdir(os.path.join(partial, os.path.relpath(os.path.join(dirpath, sub), entry["path"])), 0o700)
-    for rel, full in sources:
-        dst = os.path.join(partial, rel) if rel else partial
-        sha = _copy_file(full, dst)
-        st = os.stat(full)
-        manifest[rel] = {"bytes": st.st_size, "mtime": st.st_mtime, "sha256": sha}
-    if entry["kind"] == "directory":
-        for dirpath, dirnames, _files in os.walk(partial, topdown=False):
-            fsync_dir(dirpath)
-        shutil.copystat(entry["path"], partial)
-    problem = _verify(manifest, partial, cfg["verify"])
-    if problem:
-        _remove(partial)
-        raise CopierError("verification of %s failed (%s): left in staging, will retry" % (name, problem), value=name,
-                          expected="a target copy equal to the staged one")
-    os.rename(partial, final)
-    fsync_dir(target_dir)
-    return {"action": "copied", "bytes": sum(m["bytes"] for m in manifest.values()), "files": len(manifest),
-            "sha256": manifest[""]["sha256"] if "" in manifest else None}
-
-
-def remove_source(entry, cfg):
-    """Remove a staged entry (and its marker) whose copy is verified on the target; fsync staging."""
-    _remove(entry["path"])
-    if cfg["completion"] == "marker":
-        marker = entry["path"] + cfg["marker_suffix"]
-        if os.path.lexists(marker):
-            os.unlink(marker)
+            return ["%s: %s since the copy: nothing removed" % (name, problem)]
+        kept = []
+        _remove_item(sfd, name, "", manifest, kept, name)
+        if cfg["completion"] == "marker":
+            marker = name + cfg["marker_suffix"]
+            st = _lstat_at(sfd, marker)
+            if st is not None and stat.S_ISREG(st.st_mode):
+                os.unlink(marker, dir_fd=sfd)
+    finally:
+        os.close(sfd)
     fsync_dir(cfg["staging_dir"])
+    return kept
 
 
 # ----------------------------------------------------------------- timeout --
@@ -470,63 +984,119 @@ class OpTimeout(Exception):
     """An operation on the target that did not finish in time (a hung or unreachable mount)."""
 
 
-def in_child(func, timeout, *args):
-    """Run ``func(*args)`` in a forked child and return its JSON-able result; OpTimeout when it goes ``timeout``
-    seconds without progress (no chunk written, flushed or read back: see _beat) and is SIGKILLed; CopierError and
-    OSError re-raised from the child's report.
+class TargetHung(OpTimeout):
+    """A child that did not end after SIGKILL (uninterruptible sleep on the target): abandoned."""
 
-    A hung NFS ``hard`` mount blocks the child in the kernel; SIGKILL ends such waits. A large copy that keeps
-    moving is never killed, however long it takes."""
+
+# The pass lock's descriptor while a pass holds it: a child closes it first thing.
+_LOCK = {"fd": None}
+# Children that did not end after SIGKILL: reaped when they finally do.
+_ABANDONED = []
+# os.kill, or a stand-in in tests (a kill that does nothing is a child in uninterruptible sleep).
+_kill = os.kill
+_ERRORS = {"copier": CopierError, "changed": SourceChanged, "refused": Refused, "conflict": Conflict,
+           "noroom": NoRoom}
+
+
+def _reap_abandoned():
+    for pid in list(_ABANDONED):
+        try:
+            done = os.waitpid(pid, os.WNOHANG)[0]
+        except ChildProcessError:
+            done = pid
+        if done:
+            _ABANDONED.remove(pid)
+
+
+def _child(func, args, rfd, wfd):
+    os.close(rfd)
+    if _LOCK["fd"] is not None:
+        try:
+            os.close(_LOCK["fd"])
+        except OSError:
+            pass
+    _PROGRESS["fd"] = wfd
+    code = 0
+    try:
+        payload = {"ok": func(*args)}
+    except CopierError as exc:
+        payload, code = {"error": str(exc), "kind": getattr(exc, "kind", "copier"), "details": _jsonable(exc.details)}, 1
+    except OSError as exc:
+        payload, code = {"error": "%s: %s" % (exc.filename or "", exc.strerror or exc), "kind": "os",
+                         "errno": exc.errno}, 1
+    except BaseException as exc:  # pylint: disable=broad-except
+        payload, code = {"error": "%s: %s" % (type(exc).__name__, exc), "kind": "other"}, 1
+    try:
+        data = json.dumps(payload).encode("ascii")
+        while data:
+            data = data[os.write(wfd, data):]
+    finally:
+        os._exit(code)  # pylint: disable=protected-access
+
+
+def in_child(func, timeout, *args, **kwargs):
+    """Run ``func(*args)`` in a forked child and return its JSON-able result; OpTimeout when it goes ``timeout``
+    seconds without progress (no chunk written, flushed or read back: see _beat) and is SIGKILLed; TargetHung when
+    it has not ended ``grace`` seconds (keyword, default 5) after SIGKILL: it is abandoned, never waited for.
+    CopierError (and its kinds) and OSError re-raised from the child's report.
+
+    The parent never blocks on the child: waitpid is only ever called with WNOHANG. The child closes the pass lock
+    first thing (a POSIX record lock is not inherited anyway)."""
+    grace = kwargs.pop("grace", 5)
+    _reap_abandoned()
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
-        os.close(rfd)
-        _PROGRESS["fd"] = wfd
-        code = 0
-        try:
-            payload = {"ok": func(*args)}
-        except CopierError as exc:
-            payload, code = {"error": str(exc), "kind": "copier", "details": _jsonable(exc.details)}, 1
-        except OSError as exc:
-            payload, code = {"error": "%s: %s" % (exc.filename or "", exc.strerror or exc), "kind": "os",
-                             "errno": exc.errno}, 1
-        except BaseException as exc:  # pylint: disable=broad-except
-            payload, code = {"error": "%s: %s" % (type(exc).__name__, exc), "kind": "other"}, 1
-        try:
-            os.write(wfd, json.dumps(payload).encode("utf-8"))
-        finally:
-            os._exit(code)  # pylint: disable=protected-access
+        _child(func, args, rfd, wfd)
     os.close(wfd)
+    os.set_blocking(rfd, False)
     deadline = time.monotonic() + timeout
     data = b""
     try:
         while True:
-            done, _status = os.waitpid(pid, os.WNOHANG)
+            done = os.waitpid(pid, os.WNOHANG)[0]
             if done:
                 break
-            ready = select.select([rfd], [], [], 0.05)[0]
-            if ready:
-                chunk = os.read(rfd, 65536)
+            if select.select([rfd], [], [], 0.05)[0]:
+                try:
+                    chunk = os.read(rfd, 65536)
+                except BlockingIOError:
+                    chunk = b""
                 if b"\0" in chunk:
                     deadline = time.monotonic() + timeout
                 data += chunk
             if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise OpTimeout("made no progress for %s s (a hung or unreachable mount?)" % timeout)
+                _kill(pid, signal.SIGKILL)
+                end = time.monotonic() + grace
+                while time.monotonic() < end:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        raise OpTimeout("made no progress for %s s (a hung or unreachable mount?)" % timeout)
+                    time.sleep(0.05)
+                _ABANDONED.append(pid)
+                raise TargetHung("made no progress for %s s and did not end %s s after SIGKILL (pid %d, abandoned): the "
+                                 "target is hung (uninterruptible sleep: a frozen filesystem or a hard mount that does "
+                                 "not answer)" % (timeout, grace, pid))
         while True:
-            chunk = os.read(rfd, 65536)
+            try:
+                chunk = os.read(rfd, 65536)
+            except BlockingIOError:
+                break
             if not chunk:
                 break
             data += chunk
     finally:
         os.close(rfd)
     data = data.replace(b"\0", b"")
-    payload = json.loads(data.decode("utf-8") or '{"error": "the child died without a report", "kind": "other"}')
+    try:
+        payload = json.loads(data.decode("ascii") or "null")
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        payload = {"error": "the child died without a report", "kind": "other"}
     if "ok" in payload:
         return payload["ok"]
-    if payload.get("kind") == "copier":
-        raise CopierError(payload["error"], **payload.get("details", {}))
+    if payload.get("kind") in _ERRORS:
+        raise _ERRORS[payload["kind"]](payload["error"], **payload.get("details", {}))
     raise OSError(payload.get("errno") or errno.EIO, payload["error"])
 
 
@@ -535,32 +1105,80 @@ def _jsonable(details):
 
 
 def probe_target(cfg):
-    """Raise OSError when the target directory cannot be listed and written (run it in a child)."""
-    target = cfg["target_dir"]
-    if not os.path.isdir(target):
-        raise OSError(errno.ENOENT, "%s: target directory is missing" % target)
-    fd, tmp = tempfile.mkstemp(prefix=PARTIAL_PREFIX + "probe.", dir=target)
-    os.close(fd)
-    os.unlink(tmp)
-    return True
+    """Remove every partial on the target (left by a crash or an abandoned copy: no copy of this pass is running
+    yet) and check the target can be listed and written (run it in a child). The partials removed."""
+    try:
+        tfd = os.open(cfg["target_dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise OSError(errno.ENOENT, "%s: target directory is missing" % cfg["target_dir"])
+    try:
+        cleaned = []
+        for name in sorted(os.listdir(tfd)):
+            if name.startswith(PARTIAL_PREFIX):
+                _remove_at(tfd, name)
+                cleaned.append(name)
+        probe = "%sprobe.%d.%s" % (PARTIAL_PREFIX, os.getpid(), os.urandom(4).hex())
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=tfd))
+        os.unlink(probe, dir_fd=tfd)
+        if cleaned:
+            os.fsync(tfd)
+        return cleaned
+    finally:
+        os.close(tfd)
 
 
 # ------------------------------------------------------------------- state --
 
 def empty_state():
     return {"copied": 0, "retried": 0, "present": 0, "bytes_copied": 0, "history": [], "last_error": None,
-            "backoff": {"seconds": 0, "until": 0}, "last_pass": None}
+            "backoff": {"seconds": 0, "until": 0}, "last_pass": None, "entries": {}}
+
+
+def _num(value, default=0):
+    """``value`` when it is a finite number, else ``default``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    if isinstance(value, float) and not math.isfinite(value):
+        return default
+    return value
+
+
+def _sane_state(data):
+    """A state with the right types whatever the file held (a field of the wrong type is its default)."""
+    state = empty_state()
+    if not isinstance(data, dict):
+        return state
+    for key in ("copied", "retried", "present", "bytes_copied"):
+        state[key] = max(0, int(_num(data.get(key))))
+    backoff = data.get("backoff")
+    if isinstance(backoff, dict):
+        state["backoff"] = {"seconds": max(0, _num(backoff.get("seconds"))), "until": _num(backoff.get("until"))}
+    if isinstance(data.get("history"), list):
+        state["history"] = [h for h in data["history"] if isinstance(h, dict) and _num(h.get("at"), None) is not None]
+    error = data.get("last_error")
+    if isinstance(error, dict):
+        state["last_error"] = {"at": _num(error.get("at")), "reason": str(error.get("reason")),
+                               "entry": error.get("entry") if isinstance(error.get("entry"), str) else None}
+    state["last_pass"] = _num(data.get("last_pass"), None)
+    entries = data.get("entries")
+    if isinstance(entries, dict):
+        for name, rec in entries.items():
+            if isinstance(name, str) and isinstance(rec, dict):
+                state["entries"][name] = {
+                    "failures": max(0, int(_num(rec.get("failures")))), "until": _num(rec.get("until")),
+                    "reason": str(rec.get("reason")), "quarantined": rec.get("quarantined") is True,
+                    "since": _num(rec.get("since")), "key": rec.get("key") if isinstance(rec.get("key"), list) else None}
+    return state
 
 
 def load_state(path):
+    """The state file's content, or an empty state: any garbage in it (binary, not JSON, wrong types) is no error."""
     try:
-        with open(path, "r", encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return empty_state()
-    state = empty_state()
-    state.update(data if isinstance(data, dict) else {})
-    return state
+    return _sane_state(data)
 
 
 def save_state(path, state):
@@ -583,16 +1201,38 @@ def _watermark(cfg, log):
     if above:
         log("warning: staging %s is %.1f %% full (watermark %s %%)" % (cfg["staging_dir"], usage, cfg["watermark_percent"]))
     pause = cfg["pause_file"]
-    if pause:
-        if above and not os.path.exists(pause):
-            with open(pause, "w", encoding="utf-8") as handle:
-                handle.write("staging %.1f %% full, watermark %s %%\n" % (usage, cfg["watermark_percent"]))
-        elif not above and os.path.exists(pause):
+    if pause and above:
+        try:  # never through a link, never over anything
+            fd = os.open(pause, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            fd = None
+        except OSError as exc:
+            fd = None
+            log("warning: pause_file %s cannot be created: %s" % (pause, exc.strerror))
+        if fd is not None:
+            try:
+                os.write(fd, ("staging %.1f %% full, watermark %s %%\n" % (usage, cfg["watermark_percent"])).encode())
+            finally:
+                os.close(fd)
+    elif pause:
+        try:
+            st = os.lstat(pause)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISREG(st.st_mode):
             os.unlink(pause)
+        elif st is not None:
+            log("warning: pause_file %s is a %s, not a regular file: left alone" % (pause, _kind_of(st.st_mode)))
     return usage, above
 
 
+def _clamp(until, now, cfg):
+    """A backoff's end never more than retry_max from now, whatever the clock did when it was written."""
+    return min(until, now + cfg["retry_max"])
+
+
 def _fail(state, cfg, now, reason, entry, log):
+    """A failure of the target: the whole copier backs off."""
     state["retried"] += 1
     wait = min(cfg["retry_max"], max(cfg["retry_min"], state["backoff"]["seconds"] * 2))
     state["backoff"] = {"seconds": wait, "until": now + wait}
@@ -600,88 +1240,194 @@ def _fail(state, cfg, now, reason, entry, log):
     log("copy of %s failed: %s; retry in %s s" % (entry or "(target)", reason, wait))
 
 
-def run_pass(cfg, log=print, clock=time.time, deadline=None, force=False):
-    """One copier pass: watermark, target probe, then every complete entry oldest first until one fails.
+def _entry_key(entry):
+    return [entry["ino"], entry["mtime"]]
 
-    Holds an exclusive lock beside the state file (a second pass waits for none: it returns at once).
-    ``deadline`` (seconds) ends the pass between entries. Before any copy the mount table (``mountinfo_path``)
-    must show the target still mounted. Returns a summary dict.
-    """
+
+def _entry_failed(state, cfg, now, entry, reason, log, quarantine=False, room=False):
+    """A failure of one entry: its own backoff; quarantined after quarantine_after failures (or at once), unless
+    it is ``room`` (no space on the target: the target's state, not the entry's fault)."""
+    name = entry["name"]
+    rec = state["entries"].get(name) or {}
+    failures = rec.get("failures", 0) + 1
+    wait = min(cfg["retry_max"], cfg["retry_min"] * 2 ** min(failures - 1, 40))
+    quarantined = not room and (quarantine or failures >= cfg["quarantine_after"])
+    state["entries"][name] = {"failures": failures, "until": now + wait, "reason": reason, "quarantined": quarantined,
+                              "since": rec.get("since") or now, "key": _entry_key(entry)}
+    state["retried"] += 1
+    state["last_error"] = {"at": now, "entry": name, "reason": reason}
+    if quarantined:
+        log("copy of %s failed: %s; quarantined after %d failure(s): not tried again until it changes" % (
+            name, reason, failures))
+    else:
+        log("copy of %s failed: %s; this entry is retried in %s s, the others go on" % (name, reason, wait))
+
+
+_TARGET_ERRNOS = (errno.EIO, errno.ESTALE, errno.ENOTCONN, errno.EROFS, errno.ETIMEDOUT, errno.EHOSTDOWN,
+                  errno.EHOSTUNREACH, errno.ENODEV)
+
+
+def run_pass(cfg, log=print, clock=time.time, deadline=None, force=False):
+    """One copier pass: watermark, target probe (and cleanup of partials), then every complete entry oldest first.
+
+    Holds an exclusive POSIX record lock beside the state file (a second pass waits for none: it returns at once;
+    children never hold it). ``deadline`` (seconds) ends the pass between entries. Before any copy the mount table
+    (``mountinfo_path``) must show the target still mounted. A failing entry is skipped with its own backoff; a
+    failing target ends the pass. ``force`` ignores every backoff and quarantine. Returns a summary dict."""
     lock_path = cfg["state_file"] + ".lock"
     os.makedirs(os.path.dirname(lock_path), mode=0o755, exist_ok=True)
-    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return {"skipped": "another pass holds %s" % lock_path}
-        return _locked_pass(cfg, log, clock, deadline, force)
+        _LOCK["fd"] = lock
+        try:
+            return _locked_pass(cfg, log, clock, deadline, force)
+        finally:
+            _LOCK["fd"] = None
     finally:
         os.close(lock)
+
+
+def _settle(state, cfg, now, entries):
+    """Clamp every backoff to retry_max from now; forget entries no longer staged or changed since they failed."""
+    state["backoff"]["until"] = _clamp(state["backoff"]["until"], now, cfg)
+    if state["last_error"] and state["last_error"]["at"] > now:
+        state["last_error"]["at"] = now
+    staged = dict((e["name"], e) for e in entries)
+    for name in list(state["entries"]):
+        rec = state["entries"][name]
+        if name not in staged or rec.get("key") != _entry_key(staged[name]):
+            del state["entries"][name]
+        else:
+            rec["until"] = _clamp(rec["until"], now, cfg)
 
 
 def _locked_pass(cfg, log, clock, deadline, force):
     now = clock()
     start = time.monotonic()
     state = load_state(cfg["state_file"])
-    summary = {"copied": [], "failed": None, "waiting": [], "usage_percent": None}
+    summary = {"copied": [], "failed": None, "waiting": [], "usage_percent": None, "changed": [], "entry_failures": [],
+               "quarantined": [], "kept": [], "cleaned": []}
     summary["usage_percent"], summary["above_watermark"] = _watermark(cfg, log)
+    entries = scan(cfg, now)
+    _settle(state, cfg, now, entries)
     if not force and state["backoff"]["until"] > now:
         summary["skipped"] = "backing off until %s" % time.strftime("%H:%M:%S", time.localtime(state["backoff"]["until"]))
+        save_state(cfg["state_file"], state)
         return summary
-    entries = scan(cfg, now)
     summary["waiting"] = [e["name"] for e in entries if not e["complete"]]
-    todo = [e for e in entries if e["complete"]]
+    todo = []
+    for entry in (e for e in entries if e["complete"]):
+        rec = state["entries"].get(entry["name"])
+        if rec and rec["quarantined"] and not force:
+            summary["quarantined"].append(entry["name"])
+        elif rec and rec["until"] > now and not force:
+            summary["waiting"].append(entry["name"])
+        else:
+            todo.append(entry)
     if todo:
         try:
-            with open(cfg["mountinfo_path"], "r", encoding="utf-8") as handle:
-                check_target_mount(cfg, handle.read())
-            in_child(probe_target, cfg["op_timeout"], cfg)
+            check_target_mount(cfg, read_mountinfo(cfg["mountinfo_path"]))
+            summary["cleaned"] = in_child(probe_target, cfg["op_timeout"], cfg, grace=cfg["kill_grace"])
         except (OpTimeout, OSError, CopierError) as exc:
             _fail(state, cfg, now, "target %s unavailable: %s" % (cfg["target_dir"], exc), None, log)
             summary["failed"] = state["last_error"]
             state["last_pass"] = now
             save_state(cfg["state_file"], state)
             return summary
+        if summary["cleaned"]:
+            log("removed %d partial(s) left on the target by an interrupted copy" % len(summary["cleaned"]))
     for entry in todo:
         if deadline is not None and time.monotonic() - start > deadline:
             break
-        began = time.monotonic()
-        log("copying %s (%s, %d bytes) to %s" % (entry["name"], entry["kind"], entry["bytes"], cfg["target_dir"]))
-        try:
-            result = in_child(copy_entry, cfg["op_timeout"], entry, cfg)
-        except (OpTimeout, OSError, CopierError) as exc:
-            _fail(state, cfg, clock(), str(exc), entry["name"], log)
-            summary["failed"] = state["last_error"]
+        if not _one_entry(cfg, state, summary, entry, log, clock):
             break
-        remove_source(entry, cfg)
-        seconds = round(time.monotonic() - began, 2)
-        record = {"name": entry["name"], "kind": entry["kind"], "bytes": result["bytes"], "files": result["files"],
-                  "sha256": result["sha256"], "action": result["action"], "at": clock(), "seconds": seconds,
-                  "staged_mtime": entry["mtime"]}
-        state["history"] = (state["history"] + [record])[-cfg["history"]:]
-        state["copied"] += 1
-        state["present"] += result["action"] == "present"
-        state["bytes_copied"] += result["bytes"] if result["action"] == "copied" else 0
-        state["backoff"] = {"seconds": 0, "until": 0}
-        summary["copied"].append(entry["name"])
-        log("%s %s to %s (%d bytes, %d files, %.1f s), removed from staging" % (
-            "copied" if result["action"] == "copied" else "found verified", entry["name"], cfg["target_dir"],
-            result["bytes"], result["files"], seconds))
     state["last_pass"] = now
     save_state(cfg["state_file"], state)
     return summary
 
 
+def _one_entry(cfg, state, summary, entry, log, clock):
+    """Copy one entry and remove its source; False when the target failed (the pass ends)."""
+    began = time.monotonic()
+    name = entry["name"]
+    log("copying %s (%s, %d bytes) to %s" % (name, entry["kind"], entry["bytes"], cfg["target_dir"]))
+    try:
+        result = in_child(copy_entry, cfg["op_timeout"], entry, cfg, grace=cfg["kill_grace"])
+    except SourceChanged as exc:
+        summary["changed"].append({"entry": name, "reason": str(exc)})
+        log("%s not copied: %s; copied again once it is quiet (not a failure)" % (name, exc))
+        return True
+    except OpTimeout as exc:
+        _fail(state, cfg, clock(), "target %s hung: %s" % (cfg["target_dir"], exc), name, log)
+        summary["failed"] = state["last_error"]
+        return False
+    except OSError as exc:
+        if exc.errno in _TARGET_ERRNOS:
+            _fail(state, cfg, clock(), str(exc), name, log)
+            summary["failed"] = state["last_error"]
+            return False
+        _entry_failed(state, cfg, clock(), entry, str(exc), log, room=exc.errno in (errno.ENOSPC, errno.EDQUOT))
+        summary["entry_failures"].append(state["last_error"])
+        return True
+    except CopierError as exc:
+        _entry_failed(state, cfg, clock(), entry, str(exc), log, quarantine=isinstance(exc, Conflict),
+                      room=isinstance(exc, NoRoom))
+        summary["entry_failures"].append(state["last_error"])
+        return True
+    try:
+        kept = remove_source(entry, cfg, result["manifest"])
+    except OSError as exc:
+        kept = ["%s: cannot be removed from staging: %s" % (name, exc)]
+    if kept:
+        summary["kept"].append({"entry": name, "kept": kept})
+        log("%s is on the target, but staging kept %s (not part of the copy or changed since: the next pass copies "
+            "it again)" % (name, "; ".join(kept)))
+    state["entries"].pop(name, None)
+    seconds = round(time.monotonic() - began, 2)
+    record = {"name": name, "kind": entry["kind"], "bytes": result["bytes"], "files": result["files"],
+              "sha256": result["sha256"], "action": result["action"], "at": clock(), "seconds": seconds,
+              "staged_mtime": entry["mtime"]}
+    if result.get("aside"):
+        record["aside"] = result["aside"]
+    state["history"] = (state["history"] + [record])[-cfg["history"]:]
+    state["copied"] += 1
+    state["present"] += result["action"] == "present"
+    state["bytes_copied"] += result["bytes"] if result["action"] != "present" else 0
+    state["backoff"] = {"seconds": 0, "until": 0}
+    summary["copied"].append(name)
+    verb = {"present": "found verified", "versioned": "copied (the older %s on the target is now %s)" % (
+        name, result.get("aside")), "replaced": "copied (replacing the older one)", "linked": "linked"}
+    log("%s %s to %s (%d bytes, %d files, %.1f s)%s" % (
+        verb.get(result["action"], "copied"), name, cfg["target_dir"], result["bytes"], result["files"], seconds,
+        "" if kept else ", removed from staging"))
+    return True
+
+
 # ------------------------------------------------------------------ status --
 
 def status(cfg, now=None):
-    """What is staged, what was copied, the oldest checkpoint not yet durable, the last error (read-only)."""
+    """What is staged, what was copied, the oldest checkpoint not yet durable, the last error, the entries that
+    failed and those quarantined (read-only)."""
     now = time.time() if now is None else now
     state = load_state(cfg["state_file"])
     entries = scan(cfg, now) if os.path.isdir(cfg["staging_dir"]) else []
-    staged = [{"name": e["name"], "kind": e["kind"], "bytes": e["bytes"], "age_seconds": round(now - e["mtime"], 1),
-               "complete": e["complete"], "why": e["why"]} for e in entries]
+    # Only records of entries still staged as they were when they failed (a pass forgets the others).
+    keys = dict((e["name"], _entry_key(e)) for e in entries)
+    recs = dict((n, r) for n, r in state["entries"].items() if keys.get(n) == r["key"])
+    staged = []
+    for e in entries:
+        item = {"name": e["name"], "kind": e["kind"], "bytes": e["bytes"], "age_seconds": round(now - e["mtime"], 1),
+                "complete": e["complete"], "why": e["why"]}
+        rec = recs.get(e["name"])
+        if rec:
+            item["failures"] = rec["failures"]
+            item["why"] = ("quarantined after %d failure(s): %s" if rec["quarantined"] else
+                           "failed %d time(s), retrying: %s") % (rec["failures"], rec["reason"])
+        staged.append(item)
     oldest = min((e for e in staged), key=lambda e: -e["age_seconds"], default=None)
     return {
         "staging_dir": cfg["staging_dir"], "target_dir": cfg["target_dir"],
@@ -691,7 +1437,11 @@ def status(cfg, now=None):
         "copied": state["copied"], "retried": state["retried"], "bytes_copied": state["bytes_copied"],
         "recent": state["history"][-10:],
         "last_error": state["last_error"],
-        "backoff_until": state["backoff"]["until"] or None,
+        "backoff_until": _clamp(state["backoff"]["until"], now, cfg) or None,
         "last_pass": state["last_pass"],
         "usage_percent": usage_percent(cfg["staging_dir"]) if os.path.isdir(cfg["staging_dir"]) else None,
+        "quarantined": [{"name": n, "reason": r["reason"], "failures": r["failures"], "since": r["since"]}
+                        for n, r in sorted(recs.items()) if r["quarantined"]],
+        "failing": [{"name": n, "reason": r["reason"], "failures": r["failures"], "retry_at": _clamp(r["until"], now, cfg)}
+                    for n, r in sorted(recs.items()) if not r["quarantined"]],
     }

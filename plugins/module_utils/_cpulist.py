@@ -23,8 +23,8 @@ import re
 
 MAX_CPUS = 8192
 
-_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+)/(\d+))?)?$")
-_WORD_RE = re.compile(r"^[0-9a-fA-F]{1,8}$")
+_RANGE_RE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+)/(\d+))?)?\Z")
+_WORD_RE = re.compile(r"[0-9a-fA-F]{1,8}\Z")
 
 
 class CpuListError(ValueError):

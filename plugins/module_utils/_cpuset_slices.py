@@ -82,9 +82,9 @@ MUTUALLY_EXCLUSIVE = [("housekeeping_cpus", "irq_cpus"), ("housekeeping_cpus", "
 LABELS = {"housekeeping": "housekeeping_cpus", "irq_cpus": "irq_cpus", "reserved": "reserved_cpus", "workload": "workload_cpus"}
 
 # systemd's src/basic/unit-name.c: VALID_CHARS (plus "@" for instances), UNIT_NAME_MAX 256 with the NUL.
-_UNIT_CHARS = re.compile(r"^[A-Za-z0-9:_.\\@-]+$")
+_UNIT_CHARS = re.compile(r"[A-Za-z0-9:_.\\@-]+\Z")
 _UNIT_NAME_MAX = 255
-_DROPIN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.conf$")
+_DROPIN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.conf\Z")
 
 
 class SliceError(Exception):

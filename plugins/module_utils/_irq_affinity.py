@@ -446,7 +446,7 @@ def _rollback(done, procfs, write):
     restored, failed = [], []
     for item in reversed(done):
         path = join(procfs, "irq", str(item.irq), "smp_affinity_list")
-        if item.before is None:
+        if not item.before:
             # Never write an unknown (empty) value: on a real kernel that resets the IRQ.
             failed.append({"irq": item.irq, "value": None, "error": "its previous affinity could not be read; left at %s"
                            % format_cpulist(item.after)})
@@ -458,6 +458,28 @@ def _rollback(done, procfs, write):
             item.after = item.before
         except OSError as exc:
             failed.append({"irq": item.irq, "value": format_cpulist(item.before), "error": str(exc)})
+    return _rollback_summary(restored, failed)
+
+
+def restore_pins(irqs, procfs="/proc", write=None):
+    """Put every IRQ that a :func:`run_desired_state` result moved (``irqs``, status ``changed``) back to its
+    ``before`` smp_affinity_list, newest first, as a failed write of :func:`apply_plan` does; for a run whose later
+    steps (the persistence files) failed. Updates ``irqs`` in place; returns ``restored``, ``failed``, ``summary``."""
+    write = write or _write_file
+    moved = [item for item in irqs if item.get("status") == "changed"]
+    done = []
+    for item in moved:
+        before = parse_cpulist(item["before"]) if item.get("before") else None
+        done.append(PlanItem(item["irq"], item["name"], item.get("kind"), item.get("queue"), None, before,
+                             parse_cpulist(item["after"]) if item.get("after") else [], None, "changed"))
+    back = _rollback(done, procfs, write)
+    for item, planned in zip(moved, done):
+        if planned.status == "unchanged":
+            item.update(status="unchanged", after=item["before"])
+    return back
+
+
+def _rollback_summary(restored, failed):
     if failed:
         summary = "rollback FAILED for IRQs %s" % "; ".join("%d (%s)" % (f["irq"], f["error"]) for f in failed)
     elif restored:

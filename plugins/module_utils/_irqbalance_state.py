@@ -38,6 +38,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
     rooted,
     systemctl_show,
 )
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import InputError, check_own_file, check_path
 
 MANAGED_BY = "gpunode.tuning.irqbalance"
 MODES = ("disabled", "banned", "absent")
@@ -73,6 +74,10 @@ class StateError(Exception):
 
 
 # ------------------------------------------------------------------- render --
+
+# The line by which a policy script is known as this module's (and the role's template's) own.
+POLICY_MARKER = "# irqbalance --policyscript: called once per IRQ with the device's sysfs path\n"
+
 
 def policy_script(devices, managed="Ansible managed"):
     """The --policyscript, byte for byte what the role's template rendered (``ansible_managed | comment``)."""
@@ -279,9 +284,14 @@ def plan(params, root, found, sysfs=None, detect=None, run=None):
         raise StateError("mode %r: expected one of %s" % (mode, ", ".join(MODES)), option="mode", value=mode)
     state_dir, policy = params["state_dir"], params["policy_script"]
     for option in ("state_dir", "policy_script"):
-        if not params[option] or not os.path.isabs(params[option]) or any(c in params[option] for c in "\n\"'$`\\ "):
-            raise StateError("%s %r: expected an absolute path without spaces, quotes or shell characters"
-                             % (option, params[option]), option=option, value=params[option])
+        # The characters are the one validator's path rule (_validate); run here too, for callers without a module.
+        try:
+            check_path(option, params[option] or "")
+        except InputError as exc:
+            raise StateError(str(exc), **exc.details)
+        if not params[option]:
+            raise StateError("%s %r: expected an absolute path" % (option, params[option]), option=option,
+                             value=params[option], expected="an absolute path")
     mask_marker, banned_marker = join(state_dir, MASK_MARKER), join(state_dir, BANNED_MARKER)
     previous = found["banned"].get("previous", {}) if found["banned"] else {}
     if not isinstance(previous, dict) or any(v is not None and (not isinstance(v, str) or "\n" in v) for v in previous.values()):
@@ -358,6 +368,12 @@ def plan(params, root, found, sysfs=None, detect=None, run=None):
     if any(state is not None or enabled is not None for state, enabled, _m in out["unit"]) and \
             found["props"].get("LoadState", "not-found") == "not-found":
         raise StateError("Could not find the requested service %s: host (irqbalance_mode=%s)" % (UNIT, mode), value=UNIT)
+    if policy in files or policy in remove:
+        # Written or removed as the module's own: whatever else is there (/etc/passwd, a link) is refused.
+        try:
+            check_own_file("policy_script", rooted(root, policy), POLICY_MARKER)
+        except InputError as exc:
+            raise StateError(str(exc), **exc.details)
     out["files"] = files
     out["actions"] = plan_files(files, remove, root)
     out["dir_actions"] = [a for a in (_dir_action(root, d) for d in out["dirs"]) if a]

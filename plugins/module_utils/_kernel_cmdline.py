@@ -8,16 +8,17 @@ Private module_utils of gpunode.tuning, standard library only, no Ansible import
 
 * :func:`prepare` checks every option, reads /proc/cmdline, the marker and the
   bootloader's configuration, and plans everything (``grub_debian``: the
-  drop-in, the edited assignment lines and the marker, evaluated with /bin/sh
-  as grub-mkconfig would; ``grubby``: the grubby calls). Nothing is written
-  before every check passed;
+  drop-in, the edited assignment lines and the marker, evaluated as
+  grub-mkconfig would: with /bin/sh on the live system, in Python on a tree;
+  ``grubby``: the grubby calls). Nothing is written before every check passed;
 * :func:`finish` applies the plan (not in check mode): the files through
   ``_persist.apply_files`` (atomic, all or nothing), then update-grub (the
   files are put back when it fails) or grubby, and reads the next boot's
   command line back.
 
 Commands come in as ``run(argv) -> (rc, out, err)``; on a tree (``live`` False)
-only /bin/sh runs, to evaluate the GRUB files.
+no command runs at all: the tree's GRUB files are evaluated in Python
+(``_kernel_cmdline_grub.evaluate_tree``), never by a shell of this host.
 """
 
 from __future__ import annotations
@@ -53,15 +54,16 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
     plan_files,
     rooted,
 )
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import InputError, check_own_file
 
 STATES = ("present", "absent")
 BOOTLOADERS = ("auto", "grub_debian", "grubby")
 MARKER = "kernel-cmdline.json"
 STATE_DIR = "/var/lib/gpunode-tuning"
 DROPIN = "zz-gpunode-tuning.cfg"
-# Every command the module may run; update-grub, grub-mkconfig and grubby only on the live system.
+# Every command the module may run, on the live system only.
 COMMANDS = (grub.SH, "update-grub", "grub-mkconfig", grubby.GRUBBY)
-TREE_COMMANDS = (grub.SH,)
+TREE_COMMANDS = ()             # a captured tree's files never reach a shell of this host
 TOOL_DIRS = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")
 
 ARGUMENT_SPEC = dict(
@@ -262,12 +264,19 @@ def prepare(params, run, check, live, which, procfs="/proc"):
            "bootloader": bootloader, "marker": marker, "managed": managed, "released": released,
            "running": running, "warnings": warnings, "commands": [], "argvs": []}
     if bootloader == "grub_debian":
-        decided = grub.plan(root, run, managed, previous.get("edits") or [], params["dropin_name"], marker, warnings)
+        decided = grub.plan(root, run if live else None, managed, previous.get("edits") or [], params["dropin_name"],
+                            marker, warnings)     # run None: on a tree the GRUB files reach no shell
         files = dict((p, (text.encode("utf-8", "surrogateescape"), _mode(root, p))) for p, text in decided["files"].items())
         dropin = grub.dropin_path(params["dropin_name"])
         if dropin in files:
             files[dropin] = (files[dropin][0], 0o644)
         remove = list(decided["remove"])
+        if dropin in files or dropin in remove:
+            # Written or removed as the module's own (issue 27): a distribution's drop-in of that name is refused.
+            try:
+                check_own_file("dropin_name", rooted(root, dropin), grub.DROPIN_HEADER.split(":", 1)[0])
+            except InputError as exc:
+                raise KernelCmdlineError(str(exc), **exc.details)
         data = {"edits": decided["edits"]} if managed or decided["edits"] else None
         out.update(before=decided["before"], after=decided["after"])
     else:

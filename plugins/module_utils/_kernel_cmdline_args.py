@@ -24,6 +24,7 @@ import collections
 import re
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, parse_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import InputError, check_kernel_param
 
 MANAGED_BY = "gpunode.tuning.kernel_cmdline"
 # Parameters whose value is a CPU list (kernel-parameters.txt: "[KNL] ... <cpu list>").
@@ -32,11 +33,6 @@ CPULIST_KEYS = ("isolcpus", "nohz_full", "rcu_nocbs", "irqaffinity")
 ISOLCPUS_FLAGS = ("nohz", "domain", "managed_irq")
 # rcu_nocbs may stand alone (every CPU may be offloaded); the others need a value.
 BARE_ALLOWED = ("rcu_nocbs",)
-# Refused in a key or value besides blanks and control characters. The drop-in is sourced by /bin/sh inside
-# double quotes ($ ` \ " end or expand there), grub.cfg is read by GRUB's script lexer (' " ; | & < > are its
-# metacharacters) and grubby is a shell script that passes arguments through sed.
-FORBIDDEN = "\"'$`\\;|&<>"
-FORBIDDEN_TEXT = "blanks, quotes, $, backticks, backslashes, ;, |, &, < or >"
 # /proc/cmdline parameters that name the boot, not a kernel setting: BOOT_IMAGE= (GRUB) and initrd= (EFI stub).
 BOOT_KEYS = ("BOOT_IMAGE", "initrd")
 
@@ -150,7 +146,7 @@ def _check_cpulist(index, text, key, cpus):
 def _check_isolcpus(index, text, value):
     items = value.split(",")
     flags = []
-    while items and re.match(r"^[A-Za-z_]+$", items[0]):
+    while items and re.match(r"[A-Za-z_]+\Z", items[0]):
         flags.append(items.pop(0))
     bad = [flag for flag in flags if flag not in ISOLCPUS_FLAGS]
     if bad:
@@ -177,11 +173,11 @@ def parse_parameters(values, check_values=True):
             _fail(index, repr(text), "not a string", "a string key=value or flag")
         if text == "":
             _fail(index, text, "empty", "key=value or a flag such as nohz_full=2-3")
-        bad = [c for c in text if c in FORBIDDEN or not ("!" <= c <= "~")]
-        if bad:
-            why = "a blank or control character" if not ("!" <= bad[0] <= "~") or bad[0] == " " else "%r" % bad[0]
-            _fail(index, text, "%s is not allowed in a kernel parameter" % why,
-                  "key=value or a flag without %s (printable ASCII)" % FORBIDDEN_TEXT, character=bad[0])
+        try:
+            # The one rule of kernel parameters (_validate): no blanks, quotes, shell or GRUB metacharacters, no #.
+            check_kernel_param("parameters[%d]" % index, text[len(REMOVED):] if is_removal(text) else text)
+        except InputError as exc:
+            raise KernelCmdlineError(str(exc), **dict(exc.details, option="parameters"))
         name, sep, value = text.partition("=")
         if name == "":
             _fail(index, text, "the key is empty", "key=value or a flag such as nohz_full=2-3")

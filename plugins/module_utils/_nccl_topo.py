@@ -34,6 +34,7 @@ import xml.etree.ElementTree as ET
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import is_live_root, join, list_dir
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import PersistError, apply_files, plan_files, rooted
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import InputError, check_own_file, has_control, is_valid
 
 RUNTIMES = ("enroot", "cdi")
 VERIFY_RUNTIMES = ("podman", "enroot")
@@ -73,11 +74,10 @@ ARGUMENT_SPEC = dict(
 REQUIRED_IF = [("state", "present", ("src",))]
 
 # NCCL's src/misc/param.cc reads nccl.conf lines as KEY=VALUE, no trimming, "#" a comment only in column 0.
-_NCCL_VAR = re.compile(r"^NCCL_[A-Z0-9_]+$")
+_NCCL_VAR = re.compile(r"NCCL_[A-Z0-9_]+\Z")
 # CDI's kind: vendor (a domain name) "/" class (pkg/parser in container-device-interface).
-_CDI_KIND = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*[A-Za-z0-9]/[A-Za-z0-9][A-Za-z0-9_.-]*[A-Za-z0-9]$|^[A-Za-z0-9]+/[A-Za-z0-9]+$")
-_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_BUSID = re.compile(r"^(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
+_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+_BUSID = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])\Z")
 _SHA = re.compile(r"^([0-9a-f]{64})\s")
 # PCI domains NCCL's published topology files use for switches that are no host PCI device (Azure's ffff:ff:XX.0).
 VIRTUAL_DOMAIN = "ffff"
@@ -106,8 +106,8 @@ def check_nccl_conf(conf):
     for key in sorted(conf or {}, key=str):
         value = conf[key]
         if not isinstance(key, str) or not _NCCL_VAR.match(key):
-            raise TopoError("nccl_conf key %r is not an NCCL variable name (^NCCL_[A-Z0-9_]+$)" % (key,),
-                            option="nccl_conf", value=key, expected="a name matching ^NCCL_[A-Z0-9_]+$")
+            raise TopoError("nccl_conf key %r is not an NCCL variable name (NCCL_ then A-Z, 0-9, _)" % (key,),
+                            option="nccl_conf", value=key, expected="a name of NCCL_ then A-Z, 0-9 or _ (NCCL_[A-Z0-9_]+)")
         if isinstance(value, bool):
             value = "1" if value else "0"
         if isinstance(value, (int, float)):
@@ -120,6 +120,8 @@ def check_nccl_conf(conf):
             why = "it is empty"
         elif "\n" in value or "\r" in value:
             why = "it has a newline"
+        elif has_control(value):
+            why = "it has a control character"
         elif value != value.strip():
             why = "it has leading or trailing whitespace (NCCL does not trim it)"
         if why:
@@ -152,7 +154,7 @@ def check_params(params):
         if not isinstance(p.get(option), str) or not _PREFIX.match(p[option]):
             raise TopoError("%s %r is not a plain file name" % (option, p.get(option)), option=option, value=p.get(option),
                             expected="letters, digits and ._- only, not starting with . or -")
-    if not isinstance(p.get("cdi_kind"), str) or not _CDI_KIND.match(p["cdi_kind"]):
+    if not isinstance(p.get("cdi_kind"), str) or not is_valid("cdi_kind", p["cdi_kind"]):
         raise TopoError("cdi_kind %r is not a CDI kind (vendor/class)" % (p.get("cdi_kind"),), option="cdi_kind",
                         value=p.get("cdi_kind"), expected="vendor/class such as %s" % DEFAULT_CDI_KIND)
     for option in ("enroot_sysconf_path", "cdi_spec_dir", "nccl_conf_path"):
@@ -446,6 +448,12 @@ def plan(params):
                 raise TopoError("src %s is also a file this module writes" % p["src"], option="src", value=p["src"],
                                 expected="a path other than %s" % ", ".join(sorted(files)))
             files[p["src"]] = (topo["data"], 0o644)
+    if where["nccl_conf"] in files:
+        # The nccl.conf is written whole, as the module's own (issue 27): one it did not write is refused.
+        try:
+            check_own_file("nccl_conf_path", rooted(root, where["nccl_conf"]), HEADER)
+        except InputError as exc:
+            raise TopoError(str(exc), **exc.details)
     owned = [where["fstab"], where["env"], where["cdi"]]
     if _ours_nccl_conf(root, where["nccl_conf"]):
         owned.append(where["nccl_conf"])

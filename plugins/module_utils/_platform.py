@@ -134,7 +134,7 @@ def parse_page_size(value):
                             expected="a power of two such as 4096 or 65536")
     if isinstance(value, str):
         text = value.strip()
-        if not re.match(r"^\d+$", text):
+        if not re.match(r"\d+\Z", text):
             raise PlatformError("page_size %r is not a number of bytes" % value, option="page_size", value=value,
                                 expected="getconf PAGESIZE output such as 4096 or 65536")
         value = int(text)

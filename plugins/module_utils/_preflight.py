@@ -265,7 +265,7 @@ def _checkpoint_copier(result):
 
 def _checkpoint_durable(result, copier):
     """Complete checkpoints staged longer than the threshold are not yet on shared storage; incomplete ones (being
-    written) never fail."""
+    written) never fail; quarantined ones (the copier's status) always fail."""
     limit = _max_pending(result)
     staged = copier.get("staged") or []
     complete = sorted((e for e in staged if e.get("complete")), key=lambda e: -e["age_seconds"])
@@ -274,6 +274,17 @@ def _checkpoint_durable(result, copier):
     evidence = {"complete": ["%s %.0f s" % (e["name"], e["age_seconds"]) for e in complete], "being_written": writing,
                 "max_pending_seconds": limit}
     tail = "; %d being written (never copied until complete): %s" % (len(writing), ", ".join(writing)) if writing else ""
+    # Quarantined by the copier after repeated failures (or a name conflict with on_conflict keep): never durable
+    # until someone acts, whatever their age.
+    quarantined = [q for q in copier.get("quarantined") or [] if isinstance(q, dict)]
+    if quarantined:
+        evidence["quarantined"] = ["%s: %s" % (q.get("name"), q.get("reason")) for q in quarantined]
+        return finding("checkpoint:durable", "fail", "%d checkpoint(s) quarantined by the copier, never copied until fixed: "
+                       "%s%s" % (len(quarantined), "; ".join(evidence["quarantined"][:3]),
+                                 "; and %d more" % (len(quarantined) - 3) if len(quarantined) > 3 else ""),
+                       evidence=evidence, fix="fix or remove each named entry in staging (an entry that changes is tried "
+                       "again; gpunode-ckpt-copier --force tries every one now); journalctl -t gpunode-ckpt-copier has "
+                       "every attempt")
     if late:
         return finding("checkpoint:durable", "fail", "%d complete checkpoint(s) not yet on shared storage, oldest %s %.0f s "
                        "(limit %s s)%s" % (len(late), late[0]["name"], late[0]["age_seconds"], _number(limit), tail),

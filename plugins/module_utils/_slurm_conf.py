@@ -190,9 +190,31 @@ def parse_text(text, path="slurm.conf"):
 
 # ------------------------------------------------------------------ reading --
 
-def _read(root, path, what):
+def inside(root, path, what, where=None):
+    """``path`` under ``root`` as a host path, checked: no NUL byte, and no symbolic link on the way (the file itself
+    or a directory above it) that leads out of ``root`` - a captured tree's link to /etc/shadow is never read or
+    written on this host. With root / every path is inside."""
+    named = "%s %s%s" % (what, path, " (%s)" % where if where else "")
+    if "\0" in path or "\0" in root:
+        raise SlurmConfError("%s: the path contains a NUL byte" % named.replace("\0", "\\0"), path=path, value=path,
+                             expected="a path without NUL bytes")
+    full = rooted(root, path)
+    top = os.path.realpath(root)
+    real = os.path.realpath(full)
+    if top != os.sep and real != top and not real.startswith(top + os.sep):
+        link = full if os.path.islink(full) else None
+        raise SlurmConfError("%s %s out of root %s, to %s: a link out of the configuration tree is never followed; "
+                             "copy the file into the tree" % (named, "is a symbolic link (-> %s) that leads" %
+                                                              os.readlink(link) if link else "leads through a symbolic "
+                                                              "link", root, real),
+                             path=path, value=path, target=real, expected="a file inside root %s" % root)
+    return full
+
+
+def _read(root, path, what, where=None):
+    full = inside(root, path, what, where)
     try:
-        with open(rooted(root, path), "rb") as handle:
+        with open(full, "rb") as handle:
             data = handle.read()
     except (IOError, OSError) as exc:
         raise SlurmConfError("cannot read %s %s: %s" % (what, path, exc), path=path, value=path, expected="a readable file")
@@ -241,7 +263,7 @@ class Conf(object):
         if depth > MAX_INCLUDE_DEPTH:
             raise SlurmConfError("includes nest deeper than %d at %s" % (MAX_INCLUDE_DEPTH, path), path=path, value=path,
                                  expected="at most %d levels" % MAX_INCLUDE_DEPTH)
-        parsed = parse_text(_read(self.root, path, "include file" if depth else "slurm.conf"), path)
+        parsed = parse_text(_read(self.root, path, "include file" if depth else "slurm.conf", where), path)
         if path in self.files:
             raise SlurmConfError("%s is included twice" % path, path=path, value=path, expected="each file read once")
         self.files[path] = parsed

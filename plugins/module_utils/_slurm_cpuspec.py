@@ -33,6 +33,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._hostlist import Ho
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import PersistError, apply_files, rooted, write_atomic
 from ansible_collections.gpunode.tuning.plugins.module_utils._slurm_conf import (
     Conf,
+    inside,
     line_ending,
     new_line,
     parse_text,
@@ -354,7 +355,20 @@ def _render(conf_obj, path, edits):
 
 # --------------------------------------------------------------------- plan --
 
+def writable(path, root):
+    """Refuse to write ``path`` when it is a symbolic link (never replaced by a regular file, never written through)
+    or when its directory leads out of ``root`` through a link."""
+    full = rooted(root, path)
+    if os.path.islink(full):
+        target = os.readlink(full)
+        raise CpuSpecError("%s is a symbolic link (-> %s): this module never replaces a link with a regular file nor "
+                           "writes through it; point path (or the include) at the file itself" % (path, target),
+                           path=path, value=path, target=target, expected="a regular file, not a link")
+    inside(root, os.path.dirname(path) or "/", "the directory of")
+
+
 def read_cgroup(path, root):
+    inside(root, path, "cgroup.conf")
     if not os.path.exists(rooted(root, path)):
         return {"path": path, "conf": None}
     conf = Conf(path, root)
@@ -426,6 +440,7 @@ def plan(params, root="/"):
             del files[path]
         else:
             parse_text(after, path)          # what is written must read back
+            writable(path, root)
     return {"files": files, "nodes": nodes, "prerequisites": checks, "warnings": warnings,
             "conf_files": list(conf.files), "cgroup_conf": cgroup["path"]}
 
@@ -468,6 +483,7 @@ def apply(files, root="/", backup=None, write=None):
     data, actions, owners, backups = {}, [], {}, {}
     for path in sorted(files):
         full = rooted(root, path)
+        writable(path, root)
         if os.path.lexists(full) and not os.path.isfile(full):
             raise CpuSpecError("%s is not a regular file" % path, path=path, value=path, expected="a regular file")
         stat = os.stat(full) if os.path.exists(full) else None

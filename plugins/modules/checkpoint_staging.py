@@ -22,9 +22,22 @@ description:
     copy removed. A sharded checkpoint (a directory) moves as a unit. Operations on the target run in a child killed
     when it makes no progress for O(op_timeout) seconds (a hung NFS mount), and a failed pass backs off from
     O(retry_min) to O(retry_max) seconds, logging the reason to the journal."
+  - "The copier reads what an unprivileged training job writes, so it never runs as root: the service runs as
+    O(staging_owner) and O(staging_group) (C(User=), C(Group=), names resolved on the node), which also makes NFS
+    C(root_squash) exports work as the job's own, inside systemd's sandbox (C(ProtectSystem=strict),
+    C(NoNewPrivileges), no capabilities, C(PrivateTmp), C(PrivateDevices), C(PrivateNetwork), C(ProtectHome), a system
+    call filter and the other directives the role's README lists with the unit's C(systemd-analyze security) exposure
+    score). It may write only the staging directory, the mount that holds O(target_dir) (the mount point, so the
+    copier's mount check sees the mount it recorded), its state directory (C(StateDirectory=), from O(state_file))
+    and, for a O(pause_file) under C(/run), that file's directory (C(RuntimeDirectory=))."
   - "Every value is checked before anything is written: a staging directory on the target's filesystem, a target
-    that is not on a mounted filesystem, a percentage outside 0-100, or a completion rule that cannot be met fails
-    naming the value, with nothing changed. Files are written all or nothing (rolled back on a failed write)."
+    that is not on a mounted filesystem, a percentage outside 0-100, a completion rule that cannot be met, root as
+    the copier's user, a state or pause file the sandboxed copier could not write, or a path that cannot go into a
+    unit file fails naming the value, with nothing changed. So does a node without C(systemctl) or without a working
+    O(python)."
+  - "All or nothing: when a later step fails (a file write, C(systemctl)), every file is put back (content, mode,
+    owner; a file the run created is removed), the staging directory gets its mode and owner back (one the run
+    created is removed), and the units the run started are stopped again."
   - "Returns the copier's status: what is staged, what was copied, the oldest checkpoint not yet durable and the
     last error. In check mode the same run is the exact plan, with C(--diff)."
 author:
@@ -49,13 +62,26 @@ options:
     description: The staging directory on local storage (local NVMe). Required with O(state=present).
     type: path
   staging_owner:
-    description: Owner of the staging directory (a user name or uid).
+    description:
+      - "Owner of the staging directory and the user the copier runs as (a user name or uid, resolved on the node):
+        the training job's user. Required with O(state=present); there is no default, because the only user every
+        node has is root."
+      - Root (or uid 0) is refused unless O(allow_root_copier=true).
+      - With O(completion=quiescent) the training job must run as this user too (a non-root copier sees only its
+        own user's open files).
+      - On the target's shared filesystem, O(target_dir) must be writable by this user (with NFS C(root_squash),
+        create it on the server owned by this user's uid).
     type: str
-    default: root
   staging_group:
-    description: Group of the staging directory (a group name or gid).
+    description: Group of the staging directory and the copier's group (a group name or gid). Default the primary
+      group of O(staging_owner). Group root (gid 0) is refused unless O(allow_root_copier=true).
     type: str
-    default: root
+  allow_root_copier:
+    description: Let the copier run as root (O(staging_owner) root or uid 0, or O(staging_group) gid 0). Root is a
+      privilege, not a default; the sandbox still applies (no capabilities, writes only where listed above), but a
+      root copier can still write any root-owned file inside the staging directory and the target's mount.
+    type: bool
+    default: false
   staging_mode:
     description: Mode of the staging directory, octal.
     type: str
@@ -101,8 +127,12 @@ options:
     description: Usage of the staging filesystem, in percent, above which the copier warns in the journal (default 80).
     type: int
   pause_file:
-    description: A flag file the copier creates while usage is above O(watermark_percent) and removes below it, for
-      the trainer to poll and pause checkpointing.
+    description:
+      - A flag file the copier creates while usage is above O(watermark_percent) and removes below it, for the
+        trainer to poll and pause checkpointing.
+      - It must be where the sandboxed copier may write, else it is refused; under C(/run/<directory>/) (the
+        service's C(RuntimeDirectory=), kept between runs, mode 0750 for the copier's user and group; not under
+        C(/run/user)), or in the state file's directory.
     type: path
   interval:
     description: Seconds between timer-started passes (retries, quiet-time completions).
@@ -117,7 +147,11 @@ options:
     type: path
     default: /etc/gpunode/ckpt-copier.json
   state_file:
-    description: The copier's state (counts, history, last error, backoff).
+    description:
+      - The copier's state (counts, history, last error, backoff).
+      - "Must be C(/var/lib/<directory>/<file>): that directory is the service's C(StateDirectory=), which systemd
+        creates and gives to the copier's user (mode 0750); the sandboxed copier can write nowhere else for its
+        state. Any other path is refused."
     type: path
     default: /var/lib/gpunode-ckpt/state.json
   lib_dir:
@@ -129,7 +163,8 @@ options:
     type: path
     default: /usr/local/sbin/gpunode-ckpt-copier
   python:
-    description: The interpreter of the entry point.
+    description: The interpreter of the entry point; checked before anything is written (an executable file that
+      runs Python 3.7 or later).
     type: path
     default: /usr/bin/python3
   mountinfo_path:
@@ -138,8 +173,15 @@ options:
       filesystem type and source).
     type: path
     default: /proc/self/mountinfo
+  unit_dir:
+    description: Where the systemd units are installed (another directory for an image build or a test).
+    type: path
+    default: /etc/systemd/system
 notes:
   - The staging directory's content is never changed by the module; only the copier moves checkpoints.
+  - The paths that go into the units and the entry point (O(staging_dir), O(target_dir) and its mount point,
+    O(state_file), O(pause_file), O(config_file), O(entry_point), O(lib_dir), O(python), O(unit_dir)) must be
+    absolute, normalised and free of whitespace, quotes, backslashes, C(%), C(;), C($) and backticks.
 seealso:
   - name: The checkpoint_staging role
     description: Applies this module from inventory variables.
@@ -154,7 +196,7 @@ EXAMPLES = r"""
     target_dir: /mnt/nfs/ckpt
     completion: marker
     watermark_percent: 70
-    pause_file: /run/gpunode-ckpt-pause
+    pause_file: /run/gpunode-ckpt/pause
 """
 
 RETURN = r"""
@@ -184,6 +226,11 @@ copier_status:
   description: What is staged, what was copied, the oldest checkpoint not yet durable, the last error.
   returned: state is present and the staging directory exists
   type: dict
+service_user:
+  description: The user and group the copier's service runs as (names, as in C(User=) and C(Group=)).
+  returned: state is present
+  type: dict
+  sample: {"user": "trainer", "group": "trainer"}
 drift:
   description: One line per difference from the desired state (empty when converged).
   returned: always
@@ -191,9 +238,8 @@ drift:
   elements: str
 """
 
-import grp
+import json
 import os
-import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -202,10 +248,12 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpunode.tuning.plugins.module_utils._ckpt_cli import main as _copier_main  # noqa: F401
 from ansible_collections.gpunode.tuning.plugins.module_utils._ckpt_copier import CopierError, check_config, check_placement, status
 from ansible_collections.gpunode.tuning.plugins.module_utils._ckpt_install import (
-    TRIGGERS, UNIT_DIR, UNITS, apply_staging, render, staging_plan)
+    HEADER, TRIGGERS, UNIT_DIR, UNITS, InstallError, apply_staging, check_path, missing_dirs, read_mountinfo, render, restore,
+    service_user, snapshot, staging_plan, undo_staging, writable)
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import exit_with
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
     MANIFEST, PersistError, apply_files, bytecode_of, installed_library, plan_files, systemctl_show)
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import InputError, check_own_file, validate_module
 
 COPIER_KEYS = ("completion", "temp_patterns", "marker_suffix", "quiet_seconds", "verify", "op_timeout", "retry_min",
                "retry_max", "watermark_percent", "pause_file", "state_file")
@@ -213,8 +261,9 @@ COPIER_KEYS = ("completion", "temp_patterns", "marker_suffix", "quiet_seconds", 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["present", "absent"], default="present"),
     staging_dir=dict(type="path"),
-    staging_owner=dict(type="str", default="root"),
-    staging_group=dict(type="str", default="root"),
+    staging_owner=dict(type="str"),
+    staging_group=dict(type="str"),
+    allow_root_copier=dict(type="bool", default=False),
     staging_mode=dict(type="str", default="0750"),
     target_dir=dict(type="path"),
     completion=dict(type="str", choices=["rename", "marker", "quiescent"]),
@@ -235,19 +284,10 @@ ARGUMENT_SPEC = dict(
     entry_point=dict(type="path", default="/usr/local/sbin/gpunode-ckpt-copier"),
     python=dict(type="path", default="/usr/bin/python3"),
     mountinfo_path=dict(type="path", default="/proc/self/mountinfo"),
+    unit_dir=dict(type="path", default=UNIT_DIR),
 )
-
-
-def _ident(module, value, db, option):
-    """A user or group name (or a number) as its id, failing naming the value."""
-    if value.isdigit():
-        return int(value)
-    try:
-        return (db.getpwnam if db is pwd else db.getgrnam)(value)[2]
-    except KeyError:
-        module.fail_json(msg="%s %r does not exist on this host" % (option, value), option=option, value=value,
-                         expected="an existing %s name or a numeric id" % ("user" if db is pwd else "group"), changed=False)
-    return None
+# The copier's interpreter must run the collection's module_utils (from __future__ import annotations).
+PYTHON_MIN = (3, 7)
 
 
 def _mode(module, text):
@@ -261,16 +301,23 @@ def _mode(module, text):
     return mode
 
 
+class SystemdError(Exception):
+    """A systemctl call that failed (the run puts back what it changed)."""
+
+
 class Systemd(object):
-    """systemctl through the module; in check mode only records."""
+    """systemctl through the module; in check mode only records. Found before anything is written: a node without
+    systemctl fails with nothing changed."""
 
     def __init__(self, module):
-        self.module, self.actions = module, []
+        self.module, self.actions, self.started = module, [], []
         self.systemctl = module.get_bin_path("systemctl")
+        if self.systemctl is None:
+            module.fail_json(msg="systemctl not found: the copier runs under systemd (nothing was changed)",
+                             option="state", value=module.params["state"], expected="a node that runs systemd",
+                             changed=False)
 
     def states(self):
-        if self.systemctl is None:
-            return dict((u, {}) for u in TRIGGERS)
         rc, out, _err = self.module.run_command([self.systemctl, "show", "--property=UnitFileState",
                                                  "--property=ActiveState"] + list(TRIGGERS))
         if rc != 0:
@@ -280,23 +327,45 @@ class Systemd(object):
     def do(self, argv, label):
         self.actions.append(label)
         if not self.module.check_mode:
-            if self.systemctl is None:
-                self.module.fail_json(msg="systemctl not found: the copier runs under systemd", changed=True,
-                                      systemd=self.actions)
             rc, _out, err = self.module.run_command([self.systemctl] + argv[1:])
             if rc != 0:
-                self.module.fail_json(msg="%s failed: %s" % (" ".join(argv), err.strip()), changed=True,
-                                      systemd=self.actions)
+                raise SystemdError("%s failed: %s" % (" ".join(argv), err.strip() or "exit status %d" % rc))
+            if argv[1:3] == ["enable", "--now"]:
+                self.started.append(argv[3])
+
+    def undo(self, reload_units):
+        """Best effort after a failure: stop what this run started, reload the units put back."""
+        for unit in reversed(self.started):
+            self.module.run_command([self.systemctl, "disable", "--now", unit])
+        if reload_units:
+            self.module.run_command([self.systemctl, "daemon-reload"])
 
 
-def _settings(params):
-    return dict((k, params[k]) for k in ("config_file", "lib_dir", "entry_point", "python", "interval", "timeout"))
+def _check_python(module, python):
+    """The entry point's interpreter exists, is executable and runs the copier's code (before anything is written)."""
+    if not os.path.isfile(python) or not os.access(python, os.X_OK):
+        module.fail_json(msg="python %s is not an executable file" % python, option="python", value=python,
+                         expected="the path of a Python %d.%d+ interpreter on the node" % PYTHON_MIN, changed=False)
+    rc, out, err = module.run_command([python, "-I", "-c", "import sys; raise SystemExit(0 if sys.version_info >= %r else 3)"
+                                       % (PYTHON_MIN,)])
+    if rc != 0:
+        said = (err or out).strip()[:200]
+        why = "exit status %d%s" % (rc, ": " + said if said else "")
+        module.fail_json(msg="python %s cannot run the copier (%s)" % (python, why), option="python", value=python,
+                         expected="the path of a Python %d.%d+ interpreter on the node" % PYTHON_MIN, changed=False)
+
+
+def _settings(params, user, access):
+    keys = ("config_file", "lib_dir", "entry_point", "python", "interval", "timeout", "unit_dir")
+    settings = dict((k, params[k]) for k in keys)
+    settings.update(user=user, access=access)
+    return settings
 
 
 def _owned(params):
     lib = params["lib_dir"].rstrip("/")
     library = installed_library(lib)
-    return ([params["entry_point"], params["config_file"]] + ["%s/%s" % (UNIT_DIR, u) for u in UNITS]
+    return ([params["entry_point"], params["config_file"]] + ["%s/%s" % (params["unit_dir"], u) for u in UNITS]
             + library + bytecode_of(library) + ["%s/%s" % (lib, MANIFEST)])
 
 
@@ -312,73 +381,119 @@ def _present(module, params):
     raw = dict((k, params[k]) for k in COPIER_KEYS if params[k] is not None)
     raw.update(staging_dir=params["staging_dir"], target_dir=params["target_dir"])
     cfg = check_config(raw)
-    try:
-        with open(params["mountinfo_path"], "r", encoding="utf-8") as handle:
-            placement = check_placement(cfg, handle.read())
-    except OSError as exc:
-        module.fail_json(msg="mountinfo_path %s cannot be read: %s" % (params["mountinfo_path"], exc.strerror),
-                         option="mountinfo_path", value=params["mountinfo_path"], expected="a readable mount table",
-                         changed=False)
+    placement = check_placement(cfg, read_mountinfo(check_path("mountinfo_path", params["mountinfo_path"])))
     # Every copier pass checks that the target is still on this mount (an NFS mount that went away leaves an empty
     # local directory, which must never count as durable).
     cfg["target_mount"] = {"point": placement["target_mount"], "fstype": placement["target_fstype"],
                            "source": placement["target_source"]}
     cfg["mountinfo_path"] = params["mountinfo_path"]
-    uid = _ident(module, params["staging_owner"], pwd, "staging_owner")
-    gid = _ident(module, params["staging_group"], grp, "staging_group")
-    staging = staging_plan(cfg["staging_dir"], _mode(module, params["staging_mode"]), uid, gid)
+    # The copier runs as the staging directory's owner and group (never root by default): resolved here, names
+    # in the unit. No default owner: the only user every node has is root.
+    if not params["staging_owner"]:
+        module.fail_json(msg="staging_owner is required with state=present: the copier runs as the staging "
+                         "directory's owner, the training job's user", option="staging_owner", value=None,
+                         expected="the training job's (non-root) user", changed=False)
+    user = service_user(params["staging_owner"], params["staging_group"], params["allow_root_copier"])
+    staging = staging_plan(cfg["staging_dir"], _mode(module, params["staging_mode"]), user["uid"], user["gid"])
     if staging["action"] == "error":
         module.fail_json(msg="staging_dir %s %s" % (cfg["staging_dir"], staging["reason"]), option="staging_dir",
                          value=cfg["staging_dir"], expected="a directory (or a path to create one at)", changed=False)
-    files = render(cfg, _settings(params))
+    # What the sandboxed service may write: every path the copier writes must be in it (state_file, pause_file).
+    access = writable(cfg)
+    files = render(cfg, _settings(params, user, access))
+    _own_files(module, files, params)
+    # Every tool the run needs, before the first write.
+    systemd = Systemd(module)
+    _check_python(module, params["python"])
     # Present: remove only library files no longer shipped (with their bytecode); the bytecode Python writes for
     # the files still installed is not drift.
     gone = [p for p in installed_library(params["lib_dir"].rstrip("/")) if p not in files]
     actions = plan_files(files, remove=gone + bytecode_of(gone), diff_skip=(params["lib_dir"].rstrip("/") + "/",))
     changed_files = [a for a in actions if a["action"] != "unchanged"]
-    systemd = Systemd(module)
     states = systemd.states()
+    unit_prefix = params["unit_dir"].rstrip("/") + "/"
     drift = ["%s %s (%s)" % (a["action"], a["path"], a["reason"]) for a in changed_files]
     if staging["action"] != "unchanged":
         drift.append("%s staging directory %s (%s)" % (staging["action"], staging["path"], staging["reason"]))
-    if not module.check_mode:
-        apply_staging(staging)
-        try:
-            apply_files(files, changed_files, prune_within=params["lib_dir"].rstrip("/"))
-        except PersistError:
-            if staging["action"] == "create":
-                os.rmdir(staging["path"])  # created empty by this run: rolled back with the files
-            raise
-    if any(a["path"].startswith(UNIT_DIR + "/") for a in changed_files):
-        systemd.do(["systemctl", "daemon-reload"], "daemon-reload")
+    steps = []
+    if any(a["path"].startswith(unit_prefix) for a in changed_files):
+        steps.append((["systemctl", "daemon-reload"], "daemon-reload"))
     for unit in TRIGGERS:
         state = states.get(unit, {})
         if state.get("UnitFileState") != "enabled" or state.get("ActiveState") != "active":
-            systemd.do(["systemctl", "enable", "--now", unit], "enable --now %s" % unit)
+            steps.append((["systemctl", "enable", "--now", unit], "enable --now %s" % unit))
             drift.append("start %s (%s, %s)" % (unit, state.get("UnitFileState", "?"), state.get("ActiveState", "?")))
         elif any(a["path"].endswith("/" + unit) for a in changed_files):
-            systemd.do(["systemctl", "restart", unit], "restart %s" % unit)
+            steps.append((["systemctl", "restart", unit], "restart %s" % unit))
+    if module.check_mode:
+        for argv, label in steps:
+            systemd.do(argv, label)
+    else:
+        _apply(module, staging, files, changed_files, params, systemd, steps)
     result = {"changed": bool(drift), "staging": staging, "files": _brief(actions), "systemd": systemd.actions,
-              "config": cfg, "placement": placement, "drift": drift}
+              "config": cfg, "placement": placement, "drift": drift,
+              "service_user": {"user": user["user"], "group": user["group"]}}
     if os.path.isdir(cfg["staging_dir"]):
         result["copier_status"] = status(cfg)
     return result, _diff(changed_files)
+
+
+def _apply(module, staging, files, changed_files, params, systemd, steps):
+    """Staging directory, files, systemd: all or nothing. A failed step puts back the files (content, mode, owner;
+    a file the run created is removed), the staging directory's mode and owner (one the run created is removed)
+    and stops what the run started."""
+    paths = [a["path"] for a in changed_files]
+    try:
+        saved, created = snapshot(paths), missing_dirs(paths)
+    except OSError as exc:
+        module.fail_json(msg="cannot read %s to keep it for a rollback: %s (nothing was changed)" % (exc.filename, exc),
+                         path=exc.filename, changed=False)
+    try:
+        undo = apply_staging(staging)
+    except OSError as exc:
+        module.fail_json(msg="staging_dir %s could not be set up: %s (nothing was changed)" % (staging["path"], exc),
+                         option="staging_dir", value=staging["path"], expected="a directory this run can create and "
+                         "give to staging_owner", changed=False)
+    try:
+        apply_files(files, changed_files, prune_within=params["lib_dir"].rstrip("/"))
+    except PersistError as exc:
+        problems = undo_staging(undo, staging["path"])  # the files are already put back by apply_files
+        details = dict(exc.details)
+        details["rollback_failed"] = list(details.get("rollback_failed") or []) + problems
+        details["changed"] = bool(details["rollback_failed"])
+        raise PersistError("%s; staging directory %s" % (exc, "put back" if not problems else "not put back"),
+                           **details)
+    try:
+        for argv, label in steps:
+            systemd.do(argv, label)
+    except SystemdError as exc:
+        problems = restore(saved, created) + undo_staging(undo, staging["path"])
+        systemd.undo(reload_units=any(a["path"].startswith(params["unit_dir"].rstrip("/") + "/")
+                                      for a in changed_files))
+        module.fail_json(msg="%s; %s" % (exc, "every file and the staging directory were put back" if not problems
+                                         else "could not put back %s" % ", ".join(problems)),
+                         systemd=systemd.actions, rollback_failed=problems, changed=bool(problems))
 
 
 def _absent(module, params):
     actions = plan_files({}, remove=_owned(params), diff_skip=(params["lib_dir"].rstrip("/") + "/",))
     systemd = Systemd(module)
     states = systemd.states()
-    drift = []
-    for unit in TRIGGERS:
-        if states.get(unit, {}).get("UnitFileState") not in (None, "", "not-found"):
-            systemd.do(["systemctl", "disable", "--now", unit], "disable --now %s" % unit)
-            drift.append("stop %s" % unit)
-    drift += ["remove %s" % a["path"] for a in actions]
-    if not module.check_mode:
-        apply_files({}, actions, prune_within=params["lib_dir"].rstrip("/"))
-    if any(a["path"].startswith(UNIT_DIR + "/") for a in actions):
-        systemd.do(["systemctl", "daemon-reload"], "daemon-reload")
+    drift, removed = [], False
+    try:
+        for unit in TRIGGERS:
+            if states.get(unit, {}).get("UnitFileState") not in (None, "", "not-found"):
+                systemd.do(["systemctl", "disable", "--now", unit], "disable --now %s" % unit)
+                drift.append("stop %s" % unit)
+        drift += ["remove %s" % a["path"] for a in actions]
+        if not module.check_mode:
+            apply_files({}, actions, prune_within=params["lib_dir"].rstrip("/"))
+            removed = bool(actions)
+        if any(a["path"].startswith(params["unit_dir"].rstrip("/") + "/") for a in actions):
+            systemd.do(["systemctl", "daemon-reload"], "daemon-reload")
+    except SystemdError as exc:
+        # Absent takes things away: what was stopped or removed before the failure stays so (run it again).
+        module.fail_json(msg=str(exc), systemd=systemd.actions, changed=removed or len(systemd.actions) > 1)
     return {"changed": bool(drift), "files": _brief(actions), "systemd": systemd.actions, "drift": drift}, _diff(actions)
 
 
@@ -391,15 +506,47 @@ def _diff(actions):
             for a in actions if a["before"] or a["after"]]
 
 
+# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
+def _is_config(data):
+    """Whether ``data`` is a copier config this module wrote (a JSON object naming staging_dir and target_dir)."""
+    try:
+        parsed = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and "staging_dir" in parsed and "target_dir" in parsed
+
+
+def _own_files(module, files, params):
+    """Refuse to overwrite what is not this module's (issue 27): at the entry point, the config file or a unit, a
+    file without the module's header (the config: not its JSON), a symlink or a non-regular file. The library under
+    lib_dir is known by its manifest."""
+    lib = params["lib_dir"].rstrip("/") + "/"
+    names = {params["entry_point"]: "entry_point", params["config_file"]: "config_file"}
+    for path in sorted(p for p in files if not p.startswith(lib)):
+        try:
+            check_own_file(names.get(path, "unit_dir"), path, _is_config if path == params["config_file"] else HEADER)
+        except InputError as exc:
+            module.fail_json(msg=str(exc), changed=False, path=path, **exc.details)
+
+
+INPUT_RULES = {
+    "staging_owner": "user",
+    "staging_group": "user",
+    "staging_mode": "mode",
+    "temp_patterns": "fnmatch",
+}
+
+
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     try:
         if params["state"] == "absent":
             result, diff = _absent(module, params)
         else:
             result, diff = _present(module, params)
-    except (CopierError, PersistError) as exc:
+    except (CopierError, InstallError, PersistError) as exc:
         details = dict(exc.details)
         details.setdefault("changed", False)
         module.fail_json(msg=str(exc), **details)

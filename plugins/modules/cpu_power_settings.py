@@ -123,6 +123,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import (
 from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline import COMMANDS as KERNEL_COMMANDS
 from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline import TREE_COMMANDS, tree_which
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
 
 ARGUMENT_SPEC = dict(
     enable_idle_states=dict(type="bool", default=False),
@@ -147,8 +148,13 @@ def _roots(module, procfs, sysfs):
                          expected="procfs_path and sysfs_path of one system")
 
 
+# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
+INPUT_RULES = {}
+
+
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
     _roots(module, procfs, sysfs)

@@ -245,10 +245,24 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpuset_slices import (
     ARGUMENT_SPEC, MUTUALLY_EXCLUSIVE, SliceError, converge, is_live, roots_problem)
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import exit_with, module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+
+
+# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
+INPUT_RULES = {
+    "housekeeping_cpus": "cpulist",
+    "irq_cpus": "cpulist",
+    "reserved_cpus": "cpulist",
+    "workload_cpus": "cpulist",
+    "housekeeping_units": "unit",
+    "workload_slice": "unit",
+    "dropin_name": "file_name",
+}
 
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, mutually_exclusive=MUTUALLY_EXCLUSIVE, supports_check_mode=True)
+    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     failure = roots_problem(params["root"], params["sysfs_path"])
     if failure:

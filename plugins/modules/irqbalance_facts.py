@@ -192,6 +192,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import missing_cpu_root, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import IrqbalanceError, plan_ban, read_irqbalance
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
 
 ARGUMENT_SPEC = dict(
     banned_cpus=dict(type="raw", default=[]),
@@ -203,8 +204,15 @@ ARGUMENT_SPEC = dict(
 )
 
 
+# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
+INPUT_RULES = {
+    "banned_cpus": "cpulist",
+}
+
+
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
     failure = missing_cpu_root(procfs, sysfs)

@@ -20,8 +20,9 @@ description:
     parameters of all its runs; O(state=absent) removes the keys named (values ignored) from that set and puts back
     what the module replaced for them.
   - B(grub_debian) (Debian, Ubuntu). The configured line is what C(grub-mkconfig) builds - it sources
-    C(/etc/default/grub) and then C(/etc/default/grub.d/*.cfg) in glob order - evaluated with the target's C(/bin/sh)
-    (GRUB_CMDLINE_LINUX, then GRUB_CMDLINE_LINUX_DEFAULT). The module's parameters live in the drop-in
+    C(/etc/default/grub) and then C(/etc/default/grub.d/*.cfg) in glob order - evaluated with C(/bin/sh) on the live
+    system and without any shell under a O(root) (see there) (GRUB_CMDLINE_LINUX, then GRUB_CMDLINE_LINUX_DEFAULT).
+    The module's parameters live in the drop-in
     C(/etc/default/grub.d/DROPIN_NAME) (C(GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX ...")), removed when nothing is left to
     manage. A managed key set in an earlier file is removed from the assignment line that sets it - that token only,
     quoting and C($VAR) references kept - and the line before and after is recorded in C(STATE_DIR/kernel-cmdline.json);
@@ -127,7 +128,14 @@ options:
         C(/) no command that touches the live system runs (no update-grub, no grubby) - the files are planned and
         written under it only, RV(bootloader_updated) is false, and C(/boot/grub/grub.cfg) under it, when there, is
         read as it is. The tools for O(bootloader=auto) are then looked for under it.
-      - The GRUB files are evaluated with this host's C(/bin/sh), as grub-mkconfig sources them, also under a root.
+      - With a root other than C(/) nothing of the tree runs on this host - no command at all. The GRUB files are
+        evaluated in Python as the assignment subset of sh - comments, line continuations, C(NAME=value) and
+        C(export), quotes, C($VAR), C(${VAR}), C(${VAR:-word}) and C(${VAR:+word}) of earlier assignments (variables
+        the files do not set are empty). A command substitution (C($) with parentheses, or backticks) is never run - the variable it
+        sets is unknown, which fails naming the file and line only when GRUB_CMDLINE_LINUX or
+        GRUB_CMDLINE_LINUX_DEFAULT depend on it. Any other command (C(if), C(.), C(echo), a pipe, a redirection, a
+        function) fails, naming the file and line. On the live system (O(root=/)) C(/bin/sh) sources the files as
+        update-grub does right after.
     type: path
     default: /
   procfs_path:
@@ -149,7 +157,7 @@ options:
     default: zz-gpunode-tuning.cfg
 notes:
   - Commands run through the module - C(/bin/sh) (C(sh -n) and the evaluation of the GRUB files), C(update-grub) or
-    C(grub-mkconfig), and C(grubby) - and only the first on a tree.
+    C(grub-mkconfig), and C(grubby) - on the live system only; on a tree none runs.
   - A file sourced after the drop-in that sets GRUB_CMDLINE_LINUX without C($GRUB_CMDLINE_LINUX) would drop the
     parameters; the module sees that in the evaluated result and fails before writing.
   - The glob order of grub.d is the C locale's, as the module runs update-grub with C(LC_ALL=C).
@@ -272,11 +280,23 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline imp
     tree_which,
 )
 from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import KernelCmdlineError
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+
+
+# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
+INPUT_RULES = {
+    "parameters": "kernel_param",
+    "remove": "kernel_param",
+    "isolate.cpus": "cpulist",
+    "isolate.flags": "identifier",
+    "dropin_name": "file_name",
+}
 
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, mutually_exclusive=MUTUALLY_EXCLUSIVE,
                            required_one_of=REQUIRED_ONE_OF, supports_check_mode=True)
+    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     live = is_live_root(params["root"])
     which = module.get_bin_path if live else tree_which(params["root"])

@@ -213,10 +213,23 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import exit_with, is_live_root, module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._nccl_topo import ARGUMENT_SPEC, REQUIRED_IF, TopoError, converge
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+
+
+# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
+INPUT_RULES = {
+    "content": "text",
+    "container_path": "path",
+    "file_prefix": "file_name",
+    "cdi_kind": "cdi_kind",
+    "verify.image": "image",
+    "nccl_log": "text",
+}
 
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True)
+    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     run = module_runner(module, commands=("podman", "enroot")) if is_live_root(params["root"]) else None
     try:

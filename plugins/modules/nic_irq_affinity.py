@@ -217,8 +217,17 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import Tree
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
     DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, run_desired_state)
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
 
 ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC, **PIN_ARGUMENT_SPEC)
+
+
+# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
+INPUT_RULES = {
+    "cidr": "cidr",
+    "cpus": "cpulist",
+    "exclude_cpus": "cpulist",
+}
 
 
 def main():
@@ -227,6 +236,7 @@ def main():
         mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE + [("cpus", "count")],
         supports_check_mode=True,
     )
+    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
     desired = dict((key, params[key]) for key in DESIRED_KEYS)

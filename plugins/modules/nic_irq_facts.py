@@ -371,8 +371,15 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._nic import (
     read_nic,
 )
 from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
 
 ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC, irq_affinity_format=dict(type="str", choices=list(IRQ_AFFINITY_FORMATS), default="both"))
+
+
+# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
+INPUT_RULES = {
+    "cidr": "cidr",
+}
 
 
 def main():
@@ -381,6 +388,7 @@ def main():
         mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
+    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
     run = runner_for_roots(module, procfs, sysfs)

@@ -248,21 +248,23 @@ irqbalance_state:
   type: dict
 """
 
+import json
 import os
-import re
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, exit_with, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
-    DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, root_of, run_desired_state, stored_desired_state, verify_pins)
+    DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, restore_pins, root_of, run_desired_state, stored_desired_state,
+    verify_pins)
 # Imported so that AnsiballZ ships the entry point's whole import closure, which is installed from this payload.
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_pin_cli import main as _entry_point_main  # noqa: F401
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state import SETTINGS_SPEC, StateError, finish, os_family, prepare
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
-    PKG_DIR, RECHECK_UNIT, TIMER, UDEV_RULE, UNIT, UNIT_DIR, PersistError, apply_files, installed_library, owned_paths,
+    HEADER, PKG_DIR, RECHECK_UNIT, TIMER, UDEV_RULE, UNIT, UNIT_DIR, PersistError, apply_files, installed_library, owned_paths,
     plan_files, render, rooted, systemctl_show)
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import InputError, check_own_file, validate_module
 
 ARGUMENT_SPEC = dict(
     SELECTOR_ARGUMENT_SPEC,
@@ -279,24 +281,19 @@ ARGUMENT_SPEC = dict(
     irqbalance=dict(type="dict", options=SETTINGS_SPEC),
     **PIN_ARGUMENT_SPEC
 )
-# systemd.time(7) spans as the timer takes them: "30s", "5min", "1h 30min", "2d".
-_TIMESPAN = re.compile(r"^(?:\d+\s*(?:us|ms|s|sec|m|min|h|hr|d|w)\s*)+$")
 SETTINGS = ("state_file", "lib_dir", "entry_point", "python", "timeout", "recheck_interval")
 
 
 def _validate(module, params):
-    interval = params["recheck_interval"]
-    if interval and not _TIMESPAN.match(interval.strip()):
-        module.fail_json(msg="recheck_interval %r: expected a systemd time span such as 30s, 5min or 1h (empty: no timer)"
-                         % interval, option="recheck_interval", value=interval)
+    """What the one validator (_validate, called first) cannot know: ranges, combinations, system directories.
+    The characters of recheck_interval (a systemd time span) and of the paths are its rules."""
     if not 1 <= params["timeout"] <= 3600:
         module.fail_json(msg="timeout %r: expected seconds from 1 to 3600" % params["timeout"], option="timeout",
                          value=params["timeout"])
     for key in ("state_file", "lib_dir", "entry_point", "python"):
-        value = params[key]
-        if not value or not os.path.isabs(value) or any(c in value for c in "\n\"'$`\\ ") or value.rstrip("/") == "":
-            module.fail_json(msg="%s %r: expected an absolute path without spaces, quotes or shell characters"
-                             % (key, value), option=key, value=value)
+        if params[key] in ("", "/"):
+            module.fail_json(msg="%s %r: expected an absolute path (of a file or directory of its own)"
+                             % (key, params[key]), option=key, value=params[key])
     irqbalance = params["irqbalance"]
     if irqbalance is not None:
         allowed = ("absent",) if params["state"] == "absent" else ("disabled", "banned")
@@ -307,6 +304,31 @@ def _validate(module, params):
     if lib in ("/usr", "/usr/local", "/usr/lib", "/usr/local/lib", "/etc", "/opt", "/var", "/var/lib"):
         module.fail_json(msg="lib_dir %r: expected a directory of its own (for example /usr/local/lib/gpunode-tuning), "
                          "not a system directory" % params["lib_dir"], option="lib_dir", value=params["lib_dir"])
+
+
+def _is_state_file(data):
+    """Whether ``data`` is a desired-state file this module wrote (a JSON object with the NIC's pci_address)."""
+    try:
+        parsed = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and "pci_address" in parsed
+
+
+def _own_files(files, settings, root):
+    """Refuse to overwrite what is not this module's: a file without its header (the state file: not its JSON), a
+    symlink or a non-regular file at the entry point, the state file, a unit, the udev rule or a hook. The library
+    under lib_dir is known by its manifest."""
+    lib = settings["lib_dir"].rstrip("/") + "/"
+    names = {settings["entry_point"]: "entry_point", settings["state_file"]: "state_file"}
+    for path in sorted(files):
+        if path.startswith(lib):
+            continue
+        marker = _is_state_file if path == settings["state_file"] else HEADER
+        try:
+            check_own_file(names.get(path, "persist"), rooted(root, path), marker)
+        except InputError as exc:
+            raise PersistError(str(exc), path=path, **exc.details)
 
 
 class Systemd(object):
@@ -364,6 +386,7 @@ def _present(module, params, procfs, sysfs, run):
     if params["persist"]:
         stored = stored_desired_state(desired, plan["pci_address"])
         files = render(stored, settings, root)
+        _own_files(files, settings, root)
         remove = [p for p in installed_library(settings["lib_dir"], root) if p not in files]
         if not settings["recheck_interval"]:
             remove += ["%s/%s" % (UNIT_DIR, RECHECK_UNIT), "%s/%s" % (UNIT_DIR, TIMER)]
@@ -377,7 +400,8 @@ def _present(module, params, procfs, sysfs, run):
                                                actions, settings, root, irqbalance_result)
     except (AffinityError, NicError, TreeError, PersistError) as exc:
         if irqbalance_result is not None:   # irqbalance's pass is done: say so in the failure
-            exc.details.update(irqbalance_state=irqbalance_result, changed=bool(irqbalance_result["changed"]))
+            exc.details.update(irqbalance_state=irqbalance_result,
+                               changed=bool(irqbalance_result["changed"] or exc.details.get("changed")))
         raise
     return out, warnings, irqbalance_diff + diff
 
@@ -398,10 +422,13 @@ def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desi
     changed_files = [a for a in actions if a["action"] != "unchanged"]
     if params["persist"]:
         timer_path = rooted(root, "%s/%s" % (UNIT_DIR, TIMER))
-        if not settings["recheck_interval"] and os.path.exists(timer_path):
-            systemd.do(["systemctl", "disable", "--now", TIMER], "disable --now %s" % TIMER)
-        if not module.check_mode:
-            apply_files(files, changed_files, root, prune_within=settings["lib_dir"])
+        try:
+            if not settings["recheck_interval"] and os.path.exists(timer_path):
+                systemd.do(["systemctl", "disable", "--now", TIMER], "disable --now %s" % TIMER)
+            if not module.check_mode:
+                apply_files(files, changed_files, root, prune_within=settings["lib_dir"])
+        except PersistError as exc:
+            raise _pins_back(exc, result, procfs)
         units = [a for a in changed_files if a["path"].startswith(UNIT_DIR + "/")]
         if units:
             systemd.do(["systemctl", "daemon-reload"], "daemon-reload")
@@ -441,6 +468,17 @@ def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desi
     return out, warnings, diff
 
 
+def _pins_back(exc, result, procfs):
+    """The files failed (apply_files has put them back): the IRQs this run moved go back to where they were too, so a
+    failed run leaves the node as it found it. The error says what was put back and what could not be."""
+    if not any(item["status"] == "changed" for item in result["irqs"]):
+        return exc
+    back = restore_pins(result["irqs"], procfs=procfs)
+    details = dict(exc.details, pins_rolled_back=back["restored"], pins_rollback_failed=back["failed"],
+                   changed=bool(back["failed"]))
+    return PersistError("%s; pins: %s" % (exc, back["summary"]), **details)
+
+
 def _absent(module, params, procfs, sysfs, run):
     settings = dict((key, params[key]) for key in SETTINGS)
     root = root_of(procfs)
@@ -470,12 +508,22 @@ def _absent(module, params, procfs, sysfs, run):
     return out, [], diff
 
 
+# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
+INPUT_RULES = {
+    "cidr": "cidr",
+    "cpus": "cpulist",
+    "exclude_cpus": "cpulist",
+    "recheck_interval": "timespan",
+}
+
+
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
         mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE + [("cpus", "count")],
         supports_check_mode=True,
     )
+    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     _validate(module, params)
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]

@@ -185,10 +185,16 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import exit_with, module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._slurm_cpuspec import ARGUMENT_SPEC, converge
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+
+
+# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
+INPUT_RULES = {}
 
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
     try:
         result, diff, warnings = converge(module.params, module.check_mode, backup=module.backup_local,
                                           run=module_runner(module, commands=("scontrol",)))

@@ -472,6 +472,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import Tree
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError, check_selector
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import DEFAULT_INTERVAL, SoftnetError, run_check
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import DEFAULT_THRESHOLDS
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
 
 ARGUMENT_SPEC = dict(
     SELECTOR_ARGUMENT_SPEC,
@@ -507,12 +508,20 @@ def check_thresholds(params):
                                expected="a finite %s >= 0" % key)
 
 
+# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
+INPUT_RULES = {
+    "cidr": "cidr",
+    "irq_cpus": "cpulist",
+}
+
+
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
         mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
+    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
     try:

@@ -13,11 +13,17 @@ over loopback: NFS v4.2, hard). The tests run in order and share the guest:
    left, the monitor saw no breach; the counts go to counts.json;
 7. after the power cut the role is still converged (check mode: no change).
 
+The trainer is an unprivileged user (``trainer``, uid 1500) who owns staging; the export squashes root; the
+copier's service runs as the trainer in systemd's sandbox. The trainer's attacks (a link to /etc/shadow, a linked
+directory, a FIFO, a rewrite in place during a copy) are refused or redone: nothing of root's reaches the target and
+nothing is lost.
+
 The writer and the monitor (files/) are independent of the collection's code.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import subprocess
@@ -32,7 +38,12 @@ NODE = {"name": "small-node"}
 FILES = Path(__file__).resolve().parents[1] / "files"
 ENTRY = "/usr/local/sbin/gpunode-ckpt-copier"
 CONFIG = "/etc/gpunode/ckpt-copier.json"
-MANIFEST = "/root/written.jsonl"
+TRAINER = "trainer"
+LAB_DIR = "/var/tmp/lab-ckpt"  # the trainer's: the writer, its manifests
+MANIFEST = LAB_DIR + "/written.jsonl"
+# The sandbox's exposure score (systemd-analyze security) measured offline for the role README; the guest's
+# systemd 252 must agree that it is at most this.
+EXPOSURE_MAX = 0.4
 MONITOR_OUT = "/root/monitor.json"
 # staging -> (the target on the NFS mount, the same directory on the server's own filesystem, copier config)
 PAIRS = {
@@ -114,9 +125,19 @@ def copier_status(config):
     return json.loads(ssh("%s --status %s" % (ENTRY, config)).stdout)
 
 
-def start(unit, argv):
-    """A transient service; RemainAfterExit keeps its result for unit_result()."""
-    ssh("systemd-run --quiet --unit %s -p RemainAfterExit=yes %s" % (unit, " ".join(shlex.quote(a) for a in argv)))
+def start(unit, argv, user=None):
+    """A transient service (as ``user`` when given); RemainAfterExit keeps its result for unit_result()."""
+    ssh("systemd-run --quiet --unit %s -p RemainAfterExit=yes %s%s" % (
+        unit, "-p User=%s " % user if user else "", " ".join(shlex.quote(a) for a in argv)))
+
+
+def as_trainer(command, check=True):
+    return ssh("runuser -u %s -- /bin/sh -c %s" % (TRAINER, shlex.quote(command)), check=check)
+
+
+def partial_path(server_dir, name):
+    """The partial a copy of ``name`` is written to (the copier's rule: its prefix and a hash of the name)."""
+    return "%s/.gpunode-partial.%s" % (server_dir, hashlib.sha256(name.encode()).hexdigest()[:32])
 
 
 def unit_result(unit):
@@ -124,8 +145,9 @@ def unit_result(unit):
     return dict(line.split("=", 1) for line in out.split())
 
 
-def write(unit, jobs):
-    start(unit, ["python3", "/root/ckpt_writer.py", MANIFEST, json.dumps(jobs)])
+def write(unit, jobs, manifest=MANIFEST):
+    """The writer runs as the trainer."""
+    start(unit, ["python3", LAB_DIR + "/ckpt_writer.py", manifest, json.dumps(jobs)], user=TRAINER)
 
 
 def wait_written(unit, timeout=300):
@@ -163,7 +185,17 @@ def test_fresh_check_plan_was_applied():
                                 "enable --now gpunode-ckpt-copier.timer"], fresh["systemd"]
     for unit in ("gpunode-ckpt-copier.path", "gpunode-ckpt-copier.timer"):
         assert ssh("systemctl is-enabled %s; systemctl is-active %s" % (unit, unit)).stdout.split() == ["enabled", "active"]
-    assert ssh("stat -c '%a %U %F' /var/lib/ckpt-staging").stdout.strip() == "750 root directory"
+    assert ssh("stat -c '%a %U %F' /var/lib/ckpt-staging").stdout.strip() == "750 trainer directory"
+    # The copier runs as the trainer, in systemd's sandbox, never as root.
+    props = dict(line.split("=", 1) for line in ssh(
+        "systemctl show -p User -p Group -p NoNewPrivileges -p ProtectSystem -p PrivateDevices "
+        "gpunode-ckpt-copier.service").stdout.split())
+    assert props == {"User": TRAINER, "Group": TRAINER, "NoNewPrivileges": "yes", "ProtectSystem": "strict",
+                     "PrivateDevices": "yes"}, props
+    exposure = ssh("systemd-analyze security --no-pager gpunode-ckpt-copier.service | tail -n 1").stdout
+    score = float(exposure.split("exposure level for gpunode-ckpt-copier.service:")[1].split()[0])
+    assert score <= EXPOSURE_MAX, exposure
+    SHARED["exposure"] = score
     config = json.loads(ssh("cat %s" % CONFIG).stdout)
     # The copier copies only while the target is on the NFS mount found at install time.
     assert config["target_mount"] == {"point": "/mnt/nfs", "fstype": "nfs4", "source": "localhost:/"}, config
@@ -181,6 +213,9 @@ def test_bad_input_fails_naming_the_value_and_writes_nothing():
         "watermark_above_100": ("watermark_percent", "is not a percentage"),
         "watermark_below_0": ("watermark_percent", "is not a percentage"),
         "rule_cannot_be_met": ("marker_suffix", "no marker would ever count"),
+        "copier_as_root": ("staging_owner", "never runs as root"),
+        "pause_file_out_of_sandbox": ("pause_file", "would not be writable by the copier's sandboxed service"),
+        "config_file_newline": ("config_file", "config_file"),
     }
     for case, (option, words) in want.items():
         r = results[case]
@@ -188,25 +223,28 @@ def test_bad_input_fails_naming_the_value_and_writes_nothing():
         assert r.get("option") == option and words in r["msg"], (case, r.get("option"), r["msg"])
         assert "expected" in r, (case, r)
     assert ssh("sha256sum %s" % watched).stdout == before
+    assert ssh("test ! -e /pwned && test ! -e /etc/nologin && echo clean").stdout.strip() == "clean"
     assert ssh("ls -d /var/lib/ckpt-bad /mnt/nfs/staging-bad /etc/gpunode/ckpt-bad.json 2>/dev/null || true").stdout == ""
 
 
 def test_checkpoints_in_every_convention_arrive_whole():
-    put("/root/ckpt_writer.py", (FILES / "ckpt_writer.py").read_text())
+    ssh("install -d -o %s -g %s -m 0755 %s" % (TRAINER, TRAINER, LAB_DIR))
+    put(LAB_DIR + "/ckpt_writer.py", (FILES / "ckpt_writer.py").read_text())
     put("/root/ckpt_monitor.py", (FILES / "ckpt_monitor.py").read_text())
     # The same mount check as the role's copier: its recorded mount.
     base = {"op_timeout": 10, "retry_min": 2, "retry_max": 8, "target_mount": json.loads(ssh("cat %s" % CONFIG).stdout)["target_mount"]}
     put(PAIRS["/var/lib/ckpt-marker"][2], json.dumps(dict(base, staging_dir="/var/lib/ckpt-marker", target_dir="/mnt/nfs/marker",
-                                                          completion="marker", state_file="/var/lib/gpunode-ckpt/marker.json")))
+                                                          completion="marker", state_file="/var/lib/lab-ckpt/marker.json")))
     put(PAIRS["/var/lib/ckpt-quiet"][2], json.dumps(dict(base, staging_dir="/var/lib/ckpt-quiet", target_dir="/mnt/nfs/quiet",
                                                          completion="quiescent", quiet_seconds=8,
-                                                         state_file="/var/lib/gpunode-ckpt/quiet.json")))
+                                                         state_file="/var/lib/lab-ckpt/quiet.json")))
     # sync: these files must survive the power cut of a later test (the copier's own files are fsync'd by it).
-    ssh("mkdir -p -m 0750 /var/lib/ckpt-marker /var/lib/ckpt-quiet && mkdir -p /mnt/nfs/marker /mnt/nfs/quiet && rm -f %s && sync"
-        % MANIFEST)
-    # The marker and quiescent copiers: the installed command with their configs, a pass every 2 s.
+    ssh("install -d -o {u} -g {u} -m 0750 /var/lib/ckpt-marker /var/lib/ckpt-quiet /var/lib/lab-ckpt && rm -f {m} && sync"
+        .format(u=TRAINER, m=MANIFEST))
+    # The marker and quiescent copiers: the installed command with their configs, a pass every 2 s, as the trainer.
     for rule in ("marker", "quiet"):
-        start("lab-copier-%s" % rule, ["/bin/sh", "-c", "while :; do %s /etc/gpunode/lab-ckpt-%s.json; sleep 2; done" % (ENTRY, rule)])
+        start("lab-copier-%s" % rule, ["/bin/sh", "-c", "while :; do %s /etc/gpunode/lab-ckpt-%s.json; sleep 2; done" % (ENTRY, rule)],
+              user=TRAINER)
     start("lab-monitor", ["python3", "/root/ckpt_monitor.py", json.dumps({
         "pairs": [[staging, server] for staging, (_m, server, _c) in PAIRS.items()], "manifest": MANIFEST,
         "out": MONITOR_OUT, "interval": 0.2})])
@@ -273,7 +311,7 @@ def test_power_cut_in_the_middle_of_a_copy_loses_nothing():
     boot_id = ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
     write("lab-writer-3", [{"rule": "rename", "dir": "/var/lib/ckpt-staging", "name": name, "mb": size, "chunk_mb": 8, "pause": 0}])
     wait_written("lab-writer-3")
-    partial = "/srv/nfs/ckpt/.gpunode-partial.%s" % name
+    partial = partial_path("/srv/nfs/ckpt", name)
     caught = py(MID_COPY, partial, 16 << 20, (size << 20) - (16 << 20), 120, timeout=150).stdout.strip()
     monitor = json.loads(ssh("cat %s" % MONITOR_OUT).stdout)
     inst = labtest.LAB.load_instance("%s-%s" % (labtest.SCENARIO_NAME, NODE["name"]))
@@ -288,6 +326,64 @@ def test_power_cut_in_the_middle_of_a_copy_loses_nothing():
     # The copy was redone in this boot from the staged copy (the partial of the last boot was thrown away).
     assert ("copying %s" % name) in journal and ("copied %s" % name) in journal, journal[-3000:]
     SHARED.update(partial_bytes_at_power_cut=int(caught), resumed_after_boot_seconds=round(back + done, 1), monitor=monitor)
+
+
+REWRITE = r"""
+import os, sys
+path = sys.argv[1]
+fd = os.open(path, os.O_WRONLY)
+try:
+    os.pwrite(fd, b"rewritten in place by the trainer during the copy\n".ljust(1 << 20, b"\x5a"), 0)
+    os.fsync(fd)
+finally:
+    os.close(fd)
+"""
+
+
+def test_trainer_attacks_are_refused_and_nothing_is_lost():
+    """As the trainer: links to root's files and a FIFO are refused (nothing of root's on the target, the other
+    checkpoints still copied); a checkpoint rewritten in place during its copy never counts in the torn form, and
+    its final content arrives."""
+    staging, server = "/var/lib/ckpt-staging", "/srv/nfs/ckpt"
+    shadow = ssh("sha256sum /etc/shadow").stdout.split()[0]
+    as_trainer("ln -s /etc/shadow {s}/evil-shadow.pt && ln -s /etc/ssl {s}/evil-ssl && mkfifo {s}/evil-fifo.pt"
+               .format(s=staging))
+    name, size = "ckpt-0500.pt", 300
+    write("lab-writer-4", [{"rule": "rename", "dir": staging, "name": name, "mb": size, "chunk_mb": 8, "pause": 0}],
+          manifest=LAB_DIR + "/rewritten.jsonl")
+    wait_written("lab-writer-4")
+    original = json.loads(ssh("tail -n 1 %s/rewritten.jsonl" % LAB_DIR).stdout)["files"][""]
+    caught = py(MID_COPY, partial_path(server, name), 4 << 20, 64 << 20, 120, timeout=150).stdout.strip()
+    as_trainer("python3 -c %s %s/%s" % (shlex.quote(REWRITE), staging, name))
+    final = ssh("sha256sum %s/%s" % (staging, name)).stdout.split()[0]
+    assert final != original
+    # The rewritten checkpoint arrives with the content it has now, never the torn mix of the first copy.
+    done = labtest.wait_until(lambda: ssh("test -e %s/%s && test ! -e %s/%s" % (server, name, staging, name),
+                                          check=False).returncode == 0, 240)
+    assert done is not None, copier_status(CONFIG)
+    assert ssh("sha256sum %s/%s" % (server, name)).stdout.split()[0] == final
+    # Whatever the copier saw (the change during the copy, or between the copy and the removal, which keeps the
+    # source and sets the first copy aside), every copy of it on the target is one whole version, never a mix.
+    versions = ssh("sha256sum %s/%s*" % (server, name)).stdout.split()[0::2]
+    assert set(versions) <= {original, final}, versions
+    journal = ssh("journalctl -o cat -u gpunode-ckpt-copier.service").stdout
+    assert ("%s changed while it was copied" % name) in journal or ("%s is on the target, but staging kept" % name) \
+        in journal, journal[-3000:]
+    # The links and the FIFO are refused with their reason and stay in staging; none reached the target.
+    status = copier_status(CONFIG)
+    why = {e["name"]: e["why"] for e in status["staged"]}
+    for evil in ("evil-shadow.pt", "evil-ssl", "evil-fifo.pt"):
+        assert evil in why and ("refused" in why[evil] or "quarantined" in why[evil]), (evil, why)
+    on_target = ssh("ls -A %s" % server).stdout.split()
+    assert not [n for n in on_target if n.startswith("evil")], on_target
+    # Nothing of root's on the target: no file owned by root, no copy of /etc/shadow, everything the trainer's.
+    owners = set(ssh("find %s -mindepth 1 -printf '%%u\n'" % server).stdout.split())
+    assert owners == {TRAINER}, owners
+    sums = ssh("find %s -type f -exec sha256sum {} +" % server).stdout
+    assert shadow not in sums
+    assert ssh("stat -c %%U /var/lib/gpunode-ckpt").stdout.strip() == TRAINER
+    as_trainer("rm -f {s}/evil-shadow.pt {s}/evil-ssl {s}/evil-fifo.pt".format(s=staging))
+    SHARED.update(rewritten=1, rewritten_partial_bytes=int(caught), refused=sorted(why[e] for e in why if e.startswith("evil")))
 
 
 def test_nothing_is_lost():

@@ -3,8 +3,8 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The checkpoint copier (_ckpt_copier, _ckpt_cli) on real directories: each completion rule, sharded directories,
-verification, a copy that hangs (a FIFO nobody writes: a real blocking read, killed by the timeout), backoff, the
-watermark, the lock, and the command line. The mountinfo texts are SYNTHETIC (written for these tests)."""
+verification, a FIFO (refused, never opened), backoff, the watermark, the lock, and the command line. The hostile
+cases of issue 27 are in test_ckpt_copier_hostile.py. The mountinfo texts are SYNTHETIC (written for these tests)."""
 
 from __future__ import annotations
 
@@ -176,27 +176,35 @@ def test_sharded_directory_moves_as_a_unit(dirs, tmp_path):
 
 # --------------------------------------------------------- failure and retry --
 
-def test_hung_copy_is_killed_leaves_source_and_no_final_name_then_retries(dirs, tmp_path):
+def test_a_fifo_is_refused_without_a_stall_and_retried_once_it_is_a_file(dirs, tmp_path):
+    """Issue 27 changed this: a FIFO in an entry used to stall the copy until op_timeout and end the pass; now it is
+    never opened (refused at once), the entry gets its own backoff, and the other entries are still copied."""
     staging, target = dirs
-    cfg = config(dirs, tmp_path, op_timeout=1)
+    cfg = config(dirs, tmp_path, op_timeout=30)
     (staging / "step300").mkdir()
     (staging / "step300" / "a.distcp").write_bytes(b"a" * 5000)
-    os.mkfifo(staging / "step300" / "b.distcp")  # nobody writes it: reading blocks until the child is killed
+    os.mkfifo(staging / "step300" / "b.distcp")  # nobody writes it: opening it for reading would block
+    os.utime(staging / "step300", (1, 1))  # oldest first: it goes before step301
+    (staging / "step301.pt").write_bytes(b"n" * 100)
     lines, log = quiet_log()
+    start = time.monotonic()
     summary = cc.run_pass(cfg, log=log)
-    assert summary["copied"] == [] and "made no progress for 1 s" in summary["failed"]["reason"]
-    assert "step300" not in os.listdir(target)  # never under its final name
+    assert time.monotonic() - start < 10
+    assert summary["copied"] == ["step301.pt"] and summary["failed"] is None
+    assert "b.distcp is a FIFO" in summary["entry_failures"][0]["reason"]
+    assert sorted(os.listdir(target)) == ["step301.pt"]  # no final name, no partial
     assert sorted(os.listdir(staging / "step300")) == ["a.distcp", "b.distcp"]
     state = cc.load_state(cfg["state_file"])
-    assert state["retried"] == 1 and state["backoff"]["seconds"] == 5 and state["last_error"]["entry"] == "step300"
-    assert cc.run_pass(cfg, log=log)["skipped"].startswith("backing off")
+    assert state["retried"] == 1 and state["entries"]["step300"]["failures"] == 1
+    assert state["entries"]["step300"]["until"] > time.time() and state["backoff"] == {"seconds": 0, "until": 0}
+    assert cc.run_pass(cfg, log=log)["waiting"] == ["step300"]  # its own backoff
     os.unlink(staging / "step300" / "b.distcp")
-    (staging / "step300" / "b.distcp").write_bytes(b"b" * 7000)
-    assert cc.run_pass(cfg, log=log, force=True)["copied"] == ["step300"]
-    assert sorted(os.listdir(target)) == ["step300"]  # the interrupted partial was replaced
+    (staging / "step300" / "b.distcp").write_bytes(b"b" * 7000)  # the entry changed: its failures are forgotten
+    assert cc.run_pass(cfg, log=log)["copied"] == ["step300"]
+    assert sorted(os.listdir(target)) == ["step300", "step301.pt"]
     assert (target / "step300" / "b.distcp").read_bytes() == b"b" * 7000
-    assert cc.load_state(cfg["state_file"])["backoff"] == {"seconds": 0, "until": 0}
-    assert any("retry in 5 s" in line for line in lines)
+    assert cc.load_state(cfg["state_file"])["entries"] == {}
+    assert any("this entry is retried in 5 s, the others go on" in line for line in lines)
 
 
 def test_target_unavailable_backs_off_doubling_to_the_maximum(dirs, tmp_path):
@@ -219,6 +227,8 @@ def test_target_unavailable_backs_off_doubling_to_the_maximum(dirs, tmp_path):
 
 
 def test_final_name_present_is_verified_not_overwritten(dirs, tmp_path):
+    """Issue 27 changed this: a different copy under the name no longer blocks the entry; on_conflict version (the
+    default) renames the old one aside and the new one takes the name, so nothing is lost."""
     staging, target = dirs
     cfg = config(dirs, tmp_path)
     (staging / "same.pt").write_bytes(b"s" * 100)
@@ -227,9 +237,11 @@ def test_final_name_present_is_verified_not_overwritten(dirs, tmp_path):
     (target / "other.pt").write_bytes(b"old")
     os.utime(staging / "same.pt", (1, 1))  # oldest first
     summary = cc.run_pass(cfg, log=quiet_log()[1])
-    assert summary["copied"] == ["same.pt"] and "differs" in summary["failed"]["reason"]
-    assert os.listdir(staging) == ["other.pt"] and (target / "other.pt").read_bytes() == b"old"
-    assert cc.load_state(cfg["state_file"])["present"] == 1
+    assert summary["copied"] == ["same.pt", "other.pt"] and summary["failed"] is None
+    assert os.listdir(staging) == [] and (target / "other.pt").read_bytes() == b"new"
+    assert (target / "other.pt.~1~").read_bytes() == b"old"
+    state = cc.load_state(cfg["state_file"])
+    assert state["present"] == 1 and state["history"][-1]["aside"] == "other.pt.~1~"
 
 
 def test_size_mtime_verification_and_watermark_pause_file(dirs, tmp_path):
@@ -247,14 +259,29 @@ def test_size_mtime_verification_and_watermark_pause_file(dirs, tmp_path):
 
 
 def test_second_pass_does_not_wait_for_the_lock(dirs, tmp_path):
+    """The lock is a POSIX record lock (issue 27: so that children never hold it): taken here by another process."""
     cfg = config(dirs, tmp_path)
     os.makedirs(os.path.dirname(cfg["state_file"]), exist_ok=True)
-    fd = os.open(cfg["state_file"] + ".lock", os.O_RDWR | os.O_CREAT)
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # another copier holding the lock
+        try:
+            fd = os.open(cfg["state_file"] + ".lock", os.O_RDWR | os.O_CREAT)
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            os.write(ready_w, b"1")
+            os.read(done_r, 1)
+        finally:
+            os._exit(0)  # pylint: disable=protected-access
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert os.read(ready_r, 1) == b"1"
         assert "another pass" in cc.run_pass(cfg, log=quiet_log()[1])["skipped"]
     finally:
-        os.close(fd)
+        os.write(done_w, b"1")
+        os.waitpid(pid, 0)
+        for fd in (ready_r, ready_w, done_r, done_w):
+            os.close(fd)
+    assert "skipped" not in cc.run_pass(cfg, log=quiet_log()[1])
 
 
 # ------------------------------------------------------------ status, cli --
@@ -318,7 +345,7 @@ def test_the_timeout_is_for_no_progress_not_for_a_long_copy():
 
 
 def test_a_large_copy_beats_and_flushes_as_it_goes(dirs, tmp_path, monkeypatch):
-    """_copy_file gives a beat per chunk (so in_child's timeout restarts) and flushes every SYNC_EVERY chunks."""
+    """_copy_fd gives a beat per chunk (so in_child's timeout restarts) and flushes every SYNC_EVERY chunks."""
     monkeypatch.setattr(cc, "CHUNK", 1024)
     monkeypatch.setattr(cc, "SYNC_EVERY", 4)
     src = dirs[0] / "big.pt"
@@ -328,7 +355,13 @@ def test_a_large_copy_beats_and_flushes_as_it_goes(dirs, tmp_path, monkeypatch):
     syncs = []
     real = os.fdatasync
     monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append(fd), real(fd)))
-    digest = cc._copy_file(str(src), str(dirs[1] / "big.pt"))  # pylint: disable=protected-access
+    sfd = os.open(src, os.O_RDONLY)
+    dfd = os.open(dirs[1] / "big.pt", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        digest = cc._copy_fd(sfd, 10 * 1024, dfd, "big.pt")  # pylint: disable=protected-access
+    finally:
+        os.close(sfd)
+        os.close(dfd)
     os.close(wfd)
     beats = os.read(rfd, 100)
     os.close(rfd)

@@ -471,3 +471,91 @@ def test_a_line_that_is_not_utf8_is_not_edited(tmp_path):
     with pytest.raises(KernelCmdlineError) as exc:
         plan(root, ["isolcpus=2-3"])
     assert "50-x.cfg line 1 is not UTF-8" in str(exc.value)
+
+
+# ------------------------------------------------- tree mode: evaluated without a shell --
+
+SUBSET = (
+    "# comments, blank lines, ; and continuations\n\n"
+    "A=one; B='two  words' C=\"$A-${B}\"   # a comment after\n"
+    "export D=\"x \\\n  y\" E\n"
+    "readonly F=${UNSET:-fallback} G=${A:+alt} H=${UNSET:+alt} I=${A-dflt} J=${EMPTY:-e} EMPTY=\n"
+    "K=${EMPTY-kept}${EMPTY:-empty} L=a\\ b\\$c M=\"q\\\"uote\\\\ \\$A\" N='$A `x`' O=$ P=#notcomment\n"
+    "GRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || echo Debian`\n"
+    "GRUB_CMDLINE_LINUX=\"$C $D $F $G.$H. $I $J $K $L $M $N $O $P\"\n"
+    "GRUB_CMDLINE_LINUX_DEFAULT=\"${GRUB_CMDLINE_LINUX_DEFAULT:-quiet}\tsplash\"\n"
+)
+
+
+@pytest.mark.parametrize("sources,files", [
+    (["debian12"], {}),
+    (["ubuntu1804-rwv-blog"], {}),
+    (["debian12", "salt-formula-linux"], {}),
+    (["synthetic-single-quotes"], {}),
+    (["debian12"], {"etc/default/grub.d/50-subset.cfg": SUBSET}),
+])
+def test_tree_evaluation_without_a_shell_gives_what_sh_gives(tmp_path, sources, files):
+    """The Python evaluation of the assignment subset (run None) equals /bin/sh sourcing the same files."""
+    root = tree(tmp_path, *sources, files=files)
+    items = [(p, None) for p in G.config_files(root)]
+    for path, _text in items:
+        G.check_syntax(None, root, path)
+    assert G.evaluate(None, root, items) == G.evaluate(sh_run, root, items)
+    if files:
+        assert G.evaluate(None, root, items)[0] == ("one-two  words x   y fallback alt.. one e empty a b$c q\"uote\\ $A "
+                                                    "$A `x` $ #notcomment")
+
+
+@pytest.mark.parametrize("text,line,fragment", [
+    ('GRUB_CMDLINE_LINUX="$(touch @M@; echo quiet)"\n', 1, "command substitution"),
+    ('X=1\nGRUB_CMDLINE_LINUX="`touch @M@`"\n', 2, "command substitution"),
+    ('X=`touch @M@`\n\nGRUB_CMDLINE_LINUX_DEFAULT="$X quiet"\n', 1, "command substitution"),
+    ('GRUB_CMDLINE_LINUX="$((1+1))"\n', 1, "arithmetic"),
+    ('GRUB_CMDLINE_LINUX="${X:=$(touch @M@)}"\n', 1, "the expansion"),
+    ('touch @M@\n', 1, "'touch'"),
+    ('X=1 touch @M@\n', 1, "'touch'"),
+    ('# x\n. @M@\n', 2, "'.'"),
+    ('if true; then touch @M@; fi\n', 1, "'if'"),
+    ('A=1\necho x > @M@\n', 2, "'>'"),
+    ('f() { touch @M@; }\n', 1, "'('"),
+    ('export $(touch @M@)\n', 1, "export"),
+])
+def test_tree_evaluation_never_runs_the_trees_code_and_names_file_and_line(tmp_path, text, line, fragment):
+    marker = str(tmp_path / "MARKER")
+    root = tree(tmp_path, "debian12", files={"etc/default/grub.d/50-x.cfg": text.replace("@M@", marker)})
+    with pytest.raises(KernelCmdlineError) as exc:
+        G.evaluate(None, root, [(p, None) for p in G.config_files(root)])
+    assert "/etc/default/grub.d/50-x.cfg line %d" % line in str(exc.value) and fragment in str(exc.value)
+    assert exc.value.details["line"] == line and exc.value.details["path"] == "/etc/default/grub.d/50-x.cfg"
+    assert not os.path.exists(marker)
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ('GRUB_CMDLINE_LINUX="x\n', "unterminated \""),
+    ("GRUB_CMDLINE_LINUX='x\n", "unterminated '"),
+    ('GRUB_CMDLINE_LINUX=`x\n', "unterminated `"),
+    ('GRUB_CMDLINE_LINUX=$(x\n', "unterminated $("),
+    ('GRUB_CMDLINE_LINUX=${x\n', "unterminated ${"),
+    ('; X=1\n', "';'"),
+    ('GRUB_CMDLINE_LINUX="x\\', "unterminated \""),           # a backslash at the very end (found by fuzzing)
+])
+def test_tree_syntax_errors_name_the_file_without_running_sh(tmp_path, text, fragment):
+    root = tree(tmp_path, "debian12", files={"etc/default/grub.d/50-broken.cfg": text})
+    with pytest.raises(KernelCmdlineError) as exc:
+        G.check_syntax(None, root, "/etc/default/grub.d/50-broken.cfg")
+    assert "50-broken.cfg does not parse" in str(exc.value) and fragment in str(exc.value)
+
+
+def test_tree_plan_runs_nothing(tmp_path):
+    """grub.plan without a run function (tree mode) plans the same as with /bin/sh and calls no command."""
+    root = tree(tmp_path, "debian12", "salt-formula-linux")
+    import collections
+    managed = collections.OrderedDict((param_key(t), t) for t in ["isolcpus=2-3", "nohz_full=2-3"])
+    args = (managed, [], "zz-gpunode-tuning.cfg", "/var/lib/gpunode-tuning/kernel-cmdline.json", [])
+    calls = []
+
+    def recording(argv):
+        calls.append(argv)
+        return sh_run(argv)
+
+    assert G.plan(root, None, *args) == G.plan(root, recording, *args) and calls

@@ -239,14 +239,20 @@ class CkptNode:
             if not systemd.module.check_mode and argv[1] == "enable":
                 running.update(UnitFileState="enabled", ActiveState="active")
 
+        def init(systemd, module):
+            systemd.module, systemd.actions, systemd.started, systemd.systemctl = module, [], [], "systemctl"
+
+        monkeypatch.setattr(checkpoint_staging.Systemd, "__init__", init)
         monkeypatch.setattr(checkpoint_staging.Systemd, "states", states)
         monkeypatch.setattr(checkpoint_staging.Systemd, "do", do)
+        # The state file must be in a StateDirectory= under /var/lib: here under tmp_path/var.
+        monkeypatch.setattr(_ckpt_install, "STATE_ROOT", str(tmp_path / "var"))
         modharness.install_fake_exits(monkeypatch)
         self.args = dict(staging_dir=str(self.staging), target_dir=str(self.target),
                          mountinfo_path=str(tmp_path / "mountinfo"), config_file=str(tmp_path / "etc" / "ckpt-copier.json"),
-                         state_file=str(tmp_path / "var" / "state.json"), lib_dir=str(tmp_path / "lib"),
+                         state_file=str(tmp_path / "var" / "gpunode-ckpt" / "state.json"), lib_dir=str(tmp_path / "lib"),
                          entry_point=str(tmp_path / "sbin" / "gpunode-ckpt-copier"), python=sys.executable,
-                         watermark_percent=100)
+                         watermark_percent=100, unit_dir=str(units), staging_owner="root", allow_root_copier=True)
 
     def mount(self, nfs):
         """The mount table with the target's NFS mount, or without it (the mount went away)."""
@@ -389,8 +395,8 @@ def test_checkpoint_target_outage_fails_until_a_copy_succeeds(node):
 
 
 def test_checkpoint_staging_usage_at_the_watermark_fails_and_names_the_pause_file(node):
-    pause = node.tmp / "run" / "ckpt-pause"
-    pause.parent.mkdir()
+    pause = node.tmp / "var" / "gpunode-ckpt" / "ckpt-pause"  # in the copier's state directory: it may write there
+    pause.parent.mkdir(parents=True, exist_ok=True)
     node.install(watermark_percent=0, pause_file=str(pause))
     node.stage("step-100.pt.tmp", 10)
     node.copier()
@@ -425,3 +431,28 @@ def test_checkpoint_staging_report_is_one_line_per_change_in_the_drift_report(no
     node.install()
     found = by_check(P.drift_findings({"checkpoint_staging": report(node.check())}))["checkpoint_staging"]
     assert found["status"] == "pass" and found["message"] == "in sync"
+
+
+def test_checkpoint_quarantined_entries_fail_durable_whatever_their_age(tmp_path):
+    """A checkpoint the copier quarantined (issue 27) is never durable until someone acts: checkpoint:durable fails
+    and names it with the copier's reason, even when it was staged a second ago. The copier's real status() is used."""
+    from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_copier  # pylint: disable=import-outside-toplevel
+    staging, target = tmp_path / "staging", tmp_path / "target"
+    staging.mkdir()
+    target.mkdir()
+    cfg = _ckpt_copier.check_config({"staging_dir": str(staging), "target_dir": str(target),
+                                     "state_file": str(tmp_path / "state.json")})
+    os.mkfifo(staging / "fresh.pt")
+    state = _ckpt_copier.empty_state()
+    entry = _ckpt_copier.scan(cfg)[0]
+    state["entries"]["fresh.pt"] = {"failures": 5, "until": 0, "reason": "fresh.pt is a FIFO", "quarantined": True,
+                                    "since": time.time(), "key": [entry["ino"], entry["mtime"]]}
+    _ckpt_copier.save_state(cfg["state_file"], state)
+    result = {"config": {"staging_dir": str(staging), "target_dir": str(target)}, "files": [], "systemd": [],
+              "copier_status": _ckpt_copier.status(cfg)}
+    found = by_check(P.host_findings({"checkpoint": result}))["checkpoint:durable"]
+    assert found["status"] == "fail" and found["evidence"]["quarantined"] == ["fresh.pt: fresh.pt is a FIFO"]
+    assert found["message"] == ("1 checkpoint(s) quarantined by the copier, never copied until fixed: "
+                                "fresh.pt: fresh.pt is a FIFO")
+    result["copier_status"]["quarantined"] = []
+    assert by_check(P.host_findings({"checkpoint": result}))["checkpoint:durable"]["status"] == "pass"

@@ -252,7 +252,7 @@ BAD = [
     ("grub-file-does-not-parse", {}, put("etc/default/grub.d/50-broken.cfg", 'GRUB_CMDLINE_LINUX="x\n'),
      ["50-broken.cfg does not parse"]),
     ("line-not-simple", {}, put("etc/default/grub.d/50-x.cfg", 'GRUB_CMDLINE_LINUX="`echo` isolcpus=1"\n'),
-     ["50-x.cfg line 1", "cannot edit safely"]),
+     ["50-x.cfg line 1", "command substitution", "never run"]),          # tree mode: refused before editing
     ("later-file-drops-the-line", {}, put("etc/default/grub.d/zz.cfg", 'GRUB_CMDLINE_LINUX="quiet"\n'), ["zz.cfg"]),
     ("no-bootloader-tool", {"bootloader": "auto"}, None, ["neither update-grub nor grubby found"]),
     ("grubby-on-a-tree", {"bootloader": "auto"}, put("usr/sbin/grubby", "#!/bin/sh\n", 0o755), ["live system only"]),
@@ -706,3 +706,48 @@ def test_grubby_remove_then_absent_gives_the_tokens_back(grubby_host):
                                parameters=None, remove=["processor.max_cstate"], state="absent")
     assert kind is Exit and result["changed"] is True and "processor.max_cstate=1" in result["next_boot_cmdline"]
     assert not grubby_host.marker.exists()
+
+
+# ------------------------------------------------------- tree mode runs nothing of the tree --
+
+def _with_payload(root, rel, line):
+    path = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as handle:
+        handle.write(line)
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
+@pytest.mark.parametrize("rel,payload", [
+    ("etc/default/grub", 'GRUB_DISABLE_OS_PROBER="$(touch @M@; echo true)"\n'),
+    ("etc/default/grub", "GRUB_DISABLE_OS_PROBER=`touch @M@; echo true`\n"),
+    ("etc/default/grub.d/50-probe.cfg", 'GRUB_DISABLE_OS_PROBER="$(touch @M@; echo true)"\n'),
+], ids=["dollar-paren", "backtick", "grub.d"])
+def test_a_trees_command_substitution_never_runs_on_the_host(tmp_path, rel, payload, check):
+    """Issue 27 section 5: the tree's files used to be sourced with this host's /bin/sh. A variable the command line
+    does not depend on is left unknown, never run; the plan is what it is without it."""
+    marker = str(tmp_path / "MARKER")
+    root, proc = make(tmp_path, "debian12")
+    _with_payload(root, rel, payload.replace("@M@", marker))
+    kind, result = run(root, proc, check=check)
+    assert kind is Exit and result["configured_after"] == ISOL + ["quiet"], result
+    assert not os.path.exists(marker)
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
+@pytest.mark.parametrize("rel,payload,line", [
+    ("etc/default/grub", 'GRUB_CMDLINE_LINUX="$(touch @M@; echo quiet)"\n', None),
+    ("etc/default/grub", "GRUB_CMDLINE_LINUX_DEFAULT=`touch @M@; echo quiet`\n", None),
+    ("etc/default/grub.d/50-probe.cfg", "X=1\ntouch @M@\n", 2),
+    ("etc/default/grub.d/50-probe.cfg", 'if [ -e / ]; then GRUB_CMDLINE_LINUX="$(touch @M@)"; fi\n', 1),
+], ids=["cmdline-from-dollar-paren", "cmdline-from-backtick", "a-command", "an-if"])
+def test_a_tree_whose_command_line_needs_its_code_fails_naming_file_and_line(tmp_path, rel, payload, line, check):
+    marker = str(tmp_path / "MARKER")
+    root, proc = make(tmp_path, "debian12")
+    _with_payload(root, rel, payload.replace("@M@", marker))
+    line = line or read(root, rel).count("\n")                # None: the payload, the file's last line
+    before = snapshot(root)
+    kind, result = run(root, proc, check=check)
+    assert kind is Fail and "/%s line %d" % (rel, line) in result["msg"], result
+    assert result["path"] == "/" + rel and result["line"] == line
+    assert not os.path.exists(marker) and snapshot(root) == before

@@ -359,7 +359,7 @@ def test_bad_irqbalance_input_fails_before_any_pin_or_file_is_written(lab):
     affinity = {p: open(p).read() for p in (os.path.join(lab.proc, "irq", i, "smp_affinity_list")
                                             for i in os.listdir(os.path.join(lab.proc, "irq")) if i.isdigit())}
     kind, res = run(settings)
-    assert kind is Fail and res["option"] == "policy_script" and res["value"] == "relative/policy", res
+    assert kind is Fail and res["option"] == "irqbalance.policy_script" and res["value"] == "relative/policy", res
     assert res["changed"] is False
     assert snapshot(lab.root) == before
     assert {p: open(p).read() for p in affinity} == affinity
@@ -390,3 +390,57 @@ def test_unit_states_are_read_in_one_systemctl_call(out, unit_state, timer_state
     assert (found[nic_irq_persist.TIMER]["UnitFileState"], found[nic_irq_persist.TIMER]["ActiveState"]) == timer_state
     # systemctl failing reads as "not enabled" (the run then enables), never as enabled.
     assert nic_irq_persist.Systemd(_ShowModule("", rc=1), True, False).states(nic_irq_persist.UNIT) == {}
+
+
+@pytest.mark.parametrize("failing_call", [1, 3], ids=["first-file", "third-file"])
+def test_a_failed_file_write_puts_the_pins_back_too(lab, monkeypatch, failing_call):
+    """Issue 27 section 6: the files were rolled back but the IRQs the run had already moved stayed moved."""
+    before = lab.all_affinities()
+    files = snapshot(lab.root)
+    calls = []
+    real = _persist.write_atomic
+
+    def flaky(path, data, mode):
+        calls.append(path)
+        if len(calls) == failing_call:
+            raise OSError(28, "No space left on device")
+        real(path, data, mode)
+
+    monkeypatch.setattr(_persist, "write_atomic", flaky)
+    kind, res = run(args(lab))
+    monkeypatch.setattr(_persist, "write_atomic", real)
+    assert kind is Fail and "No space left" in res["msg"] and "rolled back" in res["msg"], res
+    assert res["pins_rolled_back"] and res["pins_rollback_failed"] == [] and res["changed"] is False
+    assert "restored IRQs" in res["msg"]
+    assert lab.all_affinities() == before                           # every IRQ where it was
+    assert snapshot(lab.root) == files                              # and every file
+    kind, res = run(args(lab))                                      # a clean run after it converges as usual
+    assert kind is Exit and res["changed"] is True and lab.all_affinities() != before
+
+
+def test_a_pin_that_cannot_be_put_back_is_named_and_the_run_reports_changed(lab, monkeypatch):
+    before = lab.all_affinities()
+    real = _persist.write_atomic
+    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_affinity
+    real_pin = _irq_affinity.run_desired_state
+    broken = []
+
+    def pin_then_break_one(*a, **kw):
+        out = real_pin(*a, **kw)
+        moved = [i["irq"] for i in out["irqs"] if i["status"] == "changed"]
+        if not kw.get("check_mode") and moved:
+            broken.append(moved[0])
+            lab.break_irq(moved[0])                                 # the file is now a directory: EISDIR
+        return out
+
+    def failing(path, data, mode):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(nic_irq_persist, "run_desired_state", pin_then_break_one)
+    monkeypatch.setattr(_persist, "write_atomic", failing)
+    kind, res = run(args(lab))
+    monkeypatch.setattr(_persist, "write_atomic", real)
+    assert kind is Fail and res["changed"] is True, res
+    assert [f["irq"] for f in res["pins_rollback_failed"]] == broken and "rollback FAILED" in res["msg"]
+    assert dict((k, v) for k, v in lab.all_affinities().items() if k not in broken) == \
+        dict((k, v) for k, v in before.items() if k not in broken)

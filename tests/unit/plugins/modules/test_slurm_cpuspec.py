@@ -17,6 +17,7 @@ import pytest
 import modharness
 from modharness import Exit, Fail
 from ansible_collections.gpunode.tuning.plugins.module_utils import _slurm_cpuspec as S
+from ansible_collections.gpunode.tuning.plugins.module_utils._slurm_conf import SlurmConfError
 from ansible_collections.gpunode.tuning.plugins.module_utils._slurm_cpus import parse_scontrol_nodes
 from ansible_collections.gpunode.tuning.plugins.modules import slurm_cpuspec
 
@@ -250,3 +251,99 @@ def test_mem_spec_limit_without_ram_constraint_is_reported_not_set(tmp_path):
     assert any("MemSpecLimit is set (200 on /etc/slurm/nodes.conf line 3) but confines slurmd only with ConstrainRAMSpace=yes" in w
                for w in warnings), warnings
     assert "ConstrainRAMSpace" not in read(root, "cgroup.conf")
+
+
+# ------------------------------------------------------- links, NUL bytes, binary text (issue 27) --
+
+def _host_file(tmp_path, text):
+    """A file outside the tree, standing for a host file such as /etc/shadow."""
+    outside = tmp_path / "host"
+    outside.mkdir()
+    (outside / "nodes.conf").write_text(text)
+    return str(outside / "nodes.conf")
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
+def test_an_include_linked_out_of_the_tree_is_refused_never_read_or_replaced(tmp_path, check):
+    """Issue 27 section 4: nodes.conf -> a host file was read and replaced by a regular file."""
+    root = lab_tree(tmp_path / "tree")
+    host = _host_file(tmp_path, (LAB / "nodes.conf").read_text())
+    with open(host, "rb") as handle:
+        host_bytes = handle.read()
+    link = os.path.join(root, "etc/slurm/nodes.conf")
+    os.unlink(link)
+    os.symlink(host, link)
+    kind, result = modharness.run(slurm_cpuspec, params(root), check=check)
+    assert kind is Fail and result["changed"] is False, result
+    assert "include file /etc/slurm/nodes.conf (/etc/slurm/slurm.conf line" in result["msg"], result["msg"]
+    assert "is a symbolic link (-> %s)" % host in result["msg"] and "out of root" in result["msg"]
+    assert result["target"] == host and result["path"] == "/etc/slurm/nodes.conf"
+    assert os.path.islink(link) and os.readlink(link) == host
+    with open(host, "rb") as handle:
+        assert handle.read() == host_bytes
+
+
+def test_a_directory_link_out_of_the_tree_is_refused(tmp_path):
+    root = lab_tree(tmp_path / "tree")
+    host = _host_file(tmp_path, (LAB / "nodes.conf").read_text())
+    os.makedirs(os.path.join(root, "etc/other"))
+    os.symlink(os.path.dirname(host), os.path.join(root, "etc/other/shared"))
+    text = read(root, "slurm.conf").replace("Include nodes.conf", "Include /etc/other/shared/nodes.conf")
+    (Path(root) / "etc/slurm/slurm.conf").write_text(text)
+    kind, result = modharness.run(slurm_cpuspec, params(root))
+    assert kind is Fail and "leads through a symbolic link out of root" in result["msg"], result["msg"]
+
+
+@pytest.mark.parametrize("name", ["nodes.conf", "cgroup.conf"])
+def test_a_link_inside_the_tree_is_read_but_never_replaced_by_a_file(tmp_path, name):
+    root = lab_tree(tmp_path)
+    real = os.path.join(root, "etc/slurm/real-" + name)
+    os.rename(os.path.join(root, "etc/slurm", name), real)
+    os.symlink("real-" + name, os.path.join(root, "etc/slurm", name))
+    before = sums(root)
+    for check in (True, False):
+        kind, result = modharness.run(slurm_cpuspec, params(root), check=check)
+        assert kind is Fail and "/etc/slurm/%s is a symbolic link (-> real-%s)" % (name, name) in result["msg"], result
+        assert "never replaces a link" in result["msg"] and result["expected"] == "a regular file, not a link"
+    assert os.path.islink(os.path.join(root, "etc/slurm", name)) and sums(root) == before
+
+
+def test_a_link_elsewhere_that_needs_no_change_is_fine(tmp_path):
+    """Only files the run writes must be regular: a linked cgroup.conf that already has what is needed stays."""
+    root = lab_tree(tmp_path, **{"cgroup.conf": [("CgroupPlugin=cgroup/v2\n", "CgroupPlugin=cgroup/v2\nConstrainCores=yes\n")]})
+    os.rename(os.path.join(root, "etc/slurm/cgroup.conf"), os.path.join(root, "etc/slurm/real-cgroup.conf"))
+    os.symlink("real-cgroup.conf", os.path.join(root, "etc/slurm/cgroup.conf"))
+    kind, result = modharness.run(slurm_cpuspec, params(root))
+    assert kind is Exit and "/etc/slurm/cgroup.conf" not in result["files"], result
+    assert os.path.islink(os.path.join(root, "etc/slurm/cgroup.conf"))
+
+
+@pytest.mark.parametrize("where", ["path", "include", "cgroup_conf"])
+def test_a_nul_byte_is_a_clean_failure(tmp_path, where):
+    root = lab_tree(tmp_path)
+    extra = {}
+    if where == "path":
+        extra = {"path": "/etc/slurm/slurm.conf\0x"}
+    elif where == "cgroup_conf":
+        extra = {"cgroup_conf": "/etc/slurm/cgroup\0.conf"}
+    else:
+        text = read(root, "slurm.conf").replace("Include nodes.conf", "Include nodes\0.conf")
+        (Path(root) / "etc/slurm/slurm.conf").write_text(text)
+    before = sums(root)
+    kind, result = modharness.run(slurm_cpuspec, params(root, **extra))
+    assert kind is Fail and "NUL" in result["msg"] and "expected" in result, result      # options: the module's validator
+    with pytest.raises(SlurmConfError) as exc:                                           # and module_utils on its own
+        S.converge(params(root, **extra), True)
+    assert "contains a NUL byte" in str(exc.value) and exc.value.expected == "a path without NUL bytes"
+    assert sums(root) == before
+
+
+@pytest.mark.parametrize("name", ["slurm.conf", "nodes.conf"])
+def test_a_file_that_is_not_utf8_is_a_clean_failure(tmp_path, name):
+    root = lab_tree(tmp_path)
+    with open(os.path.join(root, "etc/slurm", name), "ab") as handle:
+        handle.write(b"# \xff\xfe\x00 binary\n")
+    before = sums(root)
+    kind, result = modharness.run(slurm_cpuspec, params(root))
+    assert kind is Fail and "/etc/slurm/%s is not UTF-8 text" % name in result["msg"], result
+    assert sums(root) == before
