@@ -25,6 +25,8 @@ import re
 import stat
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import InputError, is_valid
+from ansible_collections.gpunode.tuning.plugins.module_utils._validate import check_path as validate_path
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
     MANIFEST, fsync_dir, library_files, write_atomic)
 
@@ -44,7 +46,6 @@ MOUNTINFO_MAX = 16 * 1024 * 1024
 # A path that goes into a unit file, a shebang or the entry point: absolute, normalised, and without what systemd
 # or a shell would read otherwise (whitespace splits ReadWritePaths= and ExecStart=, % is a systemd specifier,
 # quotes and backslashes are unit-file quoting, control characters end the line).
-SAFE_PATH = re.compile(r"/[^\s\x00-\x1f\x7f\"'\\%;$`]*\Z")
 # A user or group name as systemd's User=/Group= take it (and as useradd makes it); no name that is all digits.
 SAFE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.@-]{0,255}\Z")
 NUMERIC = re.compile(r"[0-9]{1,10}\Z")
@@ -98,11 +99,17 @@ def _inside(path, parent):
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
-def check_path(option, value, expected="an absolute, normalised path without whitespace, quotes, %, ;, $ or `"):
-    """``value`` if it can go into a unit file, a shebang or the entry point as it is; InstallError naming it."""
-    if not isinstance(value, str) or not SAFE_PATH.match(value) or os.path.normpath(value) != value:
-        raise InstallError("%s %r cannot go into the copier's unit and entry point" % (option, value), option=option,
-                           value=value, expected=expected)
+def check_path(option, value, expected=None):
+    """``value`` if it can go into a unit file, a shebang or the entry point as it is (the collection's one path
+    rule, _validate.check_path); InstallError naming it."""
+    try:
+        if not isinstance(value, str) or not value or os.path.normpath(value) != value:
+            raise InputError("not a normalised path", option=option, value=value)
+        validate_path(option, value)
+    except InputError as exc:
+        raise InstallError("%s %r cannot go into the copier's unit and entry point: %s" % (option, value, exc),
+                           option=option, value=value,
+                           expected=expected or exc.details.get("expected") or "an absolute, normalised path") from None
     return value
 
 
@@ -121,7 +128,7 @@ def service_user(owner, group, allow_root=False):
     for option, value in (("staging_owner", owner), ("staging_group", group)):
         if value is None and option == "staging_group":
             continue
-        if not isinstance(value, str) or not (NUMERIC.match(value) or SAFE_NAME.match(value)):
+        if not isinstance(value, str) or not (NUMERIC.match(value) or (not value.isdigit() and is_valid("user", value, option))):
             raise InstallError("%s %r is not a user or group name" % (option, value), option=option, value=value,
                                expected="a name of letters, digits, '_', '.', '@' or '-' (not starting with a digit "
                                         "or '-'), or a numeric id")

@@ -33,8 +33,9 @@ import stat
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 
-# The conservative character set of a word and of a path: no blanks, quotes, shell or GRUB metacharacters.
-WORD_CHARS = "A-Za-z0-9._@%+=:,-"
+# The conservative character set of a word and of a path: no blanks, quotes, shell or GRUB metacharacters, and no
+# % (a specifier in systemd unit files, a substitution in udev rules).
+WORD_CHARS = "A-Za-z0-9._@+=:,-"
 _WORD = re.compile(r"[%s]+\Z" % WORD_CHARS)
 _PATH = re.compile(r"[%s/]+\Z" % WORD_CHARS)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -106,7 +107,7 @@ def _chars(option, value, pattern, expected, why="not of the expected form"):
 
 def check_path(option, value):
     """An absolute, normalised path of word characters: no blanks, quotes, shell characters, //, . or .."""
-    expected = "an absolute path, normalised, of letters, digits and ._@%+=:,-/ (no whitespace, quotes, //, . or ..)"
+    expected = "an absolute path, normalised, of letters, digits and ._@+=:,-/ (no whitespace, quotes, //, . or ..)"
     if not value.startswith("/"):
         _fail(option, value, "not absolute: a relative path is refused (it would resolve against the working "
               "directory)", expected)
@@ -193,7 +194,7 @@ def check_kernel_param(option, value):
 
 def check_shell_word(option, value):
     """A word a shell passes through unchanged, unquoted (the safe-word set plus /)."""
-    _chars(option, value, _PATH, "letters, digits and ._@%+=:,-/ only (a word the shell leaves as it is)")
+    _chars(option, value, _PATH, "letters, digits and ._@+=:,-/ only (a word the shell leaves as it is)")
 
 
 def check_cidr(option, value):

@@ -126,6 +126,23 @@ options:
   watermark_percent:
     description: Usage of the staging filesystem, in percent, above which the copier warns in the journal (default 80).
     type: int
+  on_conflict:
+    description:
+      - What happens when a checkpoint's name already exists on the target with other content (a reused name such as
+        Lightning's C(last.ckpt) saved as a file).
+      - V(version) (the copier's default, loses nothing) renames the copy on the target aside to C(<name>.~N~) first.
+        V(replace) replaces it (for names the framework reuses on purpose). V(keep) leaves both where they are and
+        quarantines the staged entry.
+    type: str
+    choices: [version, replace, keep]
+  quarantine_after:
+    description: Failures of one entry after which it is quarantined (not tried again until it changes, listed in the
+      status and failed by preflight's C(checkpoint:durable)); default 5. A failing entry never blocks the others.
+    type: int
+  kill_grace:
+    description: Seconds the copier waits for a killed child to end (default 5); a child stuck in uninterruptible
+      sleep (a frozen or hung target) is abandoned after it and the target reported hung, so no pass hangs.
+    type: int
   pause_file:
     description:
       - A flag file the copier creates while usage is above O(watermark_percent) and removes below it, for the
@@ -256,7 +273,8 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
 from ansible_collections.gpunode.tuning.plugins.module_utils._validate import InputError, check_own_file, validate_module
 
 COPIER_KEYS = ("completion", "temp_patterns", "marker_suffix", "quiet_seconds", "verify", "op_timeout", "retry_min",
-               "retry_max", "watermark_percent", "pause_file", "state_file")
+               "retry_max", "watermark_percent", "pause_file", "state_file", "on_conflict", "quarantine_after",
+               "kill_grace")
 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["present", "absent"], default="present"),
@@ -275,6 +293,9 @@ ARGUMENT_SPEC = dict(
     retry_min=dict(type="int"),
     retry_max=dict(type="int"),
     watermark_percent=dict(type="int"),
+    on_conflict=dict(type="str", choices=["version", "replace", "keep"]),
+    quarantine_after=dict(type="int"),
+    kill_grace=dict(type="int"),
     pause_file=dict(type="path"),
     interval=dict(type="int", default=30),
     timeout=dict(type="int", default=3600),

@@ -329,14 +329,31 @@ def test_power_cut_in_the_middle_of_a_copy_loses_nothing():
 
 
 REWRITE = r"""
-import os, sys
-path = sys.argv[1]
-fd = os.open(path, os.O_WRONLY)
-try:
-    os.pwrite(fd, b"rewritten in place by the trainer during the copy\n".ljust(1 << 20, b"\x5a"), 0)
-    os.fsync(fd)
-finally:
-    os.close(fd)
+import hashlib, os, sys, time
+# As the trainer: wait for the copy of the staged file to be under way on the server, then rewrite its first MiB
+# in place (same size); record how far the copy was and the checksum of the rewritten checkpoint.
+partial, staged, out, limit = sys.argv[1], sys.argv[2], sys.argv[3], time.time() + float(sys.argv[4])
+while time.time() < limit:
+    try:
+        size = os.path.getsize(partial)
+    except OSError:
+        size = -1
+    if size > (1 << 20):
+        fd = os.open(staged, os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"rewritten in place by the trainer during the copy\n".ljust(1 << 20, b"\x5a"), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        digest = hashlib.sha256()
+        with open(staged, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(block)
+        with open(out, "w") as fh:
+            fh.write("%d %s\n" % (size, digest.hexdigest()))
+        sys.exit(0)
+    time.sleep(0.01)
+sys.exit(1)
 """
 
 
@@ -348,41 +365,46 @@ def test_trainer_attacks_are_refused_and_nothing_is_lost():
     shadow = ssh("sha256sum /etc/shadow").stdout.split()[0]
     as_trainer("ln -s /etc/shadow {s}/evil-shadow.pt && ln -s /etc/ssl {s}/evil-ssl && mkfifo {s}/evil-fifo.pt"
                .format(s=staging))
-    name, size = "ckpt-0500.pt", 300
-    write("lab-writer-4", [{"rule": "rename", "dir": staging, "name": name, "mb": size, "chunk_mb": 8, "pause": 0}],
-          manifest=LAB_DIR + "/rewritten.jsonl")
-    wait_written("lab-writer-4")
-    original = json.loads(ssh("tail -n 1 %s/rewritten.jsonl" % LAB_DIR).stdout)["files"][""]
-    caught = py(MID_COPY, partial_path(server, name), 4 << 20, 64 << 20, 120, timeout=150).stdout.strip()
-    as_trainer("python3 -c %s %s/%s" % (shlex.quote(REWRITE), staging, name))
-    final = ssh("sha256sum %s/%s" % (staging, name)).stdout.split()[0]
-    assert final != original
-    # The rewritten checkpoint arrives with the content it has now, never the torn mix of the first copy.
-    done = labtest.wait_until(lambda: ssh("test -e %s/%s && test ! -e %s/%s" % (server, name, staging, name),
-                                          check=False).returncode == 0, 240)
-    assert done is not None, copier_status(CONFIG)
-    assert ssh("sha256sum %s/%s" % (server, name)).stdout.split()[0] == final
-    # Whatever the copier saw (the change during the copy, or between the copy and the removal, which keeps the
-    # source and sets the first copy aside), every copy of it on the target is one whole version, never a mix.
-    versions = ssh("sha256sum %s/%s*" % (server, name)).stdout.split()[0::2]
-    assert set(versions) <= {original, final}, versions
-    journal = ssh("journalctl -o cat -u gpunode-ckpt-copier.service").stdout
-    assert ("%s changed while it was copied" % name) in journal or ("%s is on the target, but staging kept" % name) \
-        in journal, journal[-3000:]
-    # The links and the FIFO are refused with their reason and stay in staging; none reached the target.
-    status = copier_status(CONFIG)
-    why = {e["name"]: e["why"] for e in status["staged"]}
-    for evil in ("evil-shadow.pt", "evil-ssl", "evil-fifo.pt"):
-        assert evil in why and ("refused" in why[evil] or "quarantined" in why[evil]), (evil, why)
-    on_target = ssh("ls -A %s" % server).stdout.split()
-    assert not [n for n in on_target if n.startswith("evil")], on_target
-    # Nothing of root's on the target: no file owned by root, no copy of /etc/shadow, everything the trainer's.
-    owners = set(ssh("find %s -mindepth 1 -printf '%%u\n'" % server).stdout.split())
-    assert owners == {TRAINER}, owners
-    sums = ssh("find %s -type f -exec sha256sum {} +" % server).stdout
-    assert shadow not in sums
-    assert ssh("stat -c %%U /var/lib/gpunode-ckpt").stdout.strip() == TRAINER
-    as_trainer("rm -f {s}/evil-shadow.pt {s}/evil-ssl {s}/evil-fifo.pt".format(s=staging))
+    try:
+        name, size = "ckpt-0500.pt", 300
+        put(LAB_DIR + "/rewrite.py", REWRITE)
+        # The rewriter polls for the copy's partial before the checkpoint exists, so it strikes while the copy runs.
+        start("lab-rewriter", ["python3", LAB_DIR + "/rewrite.py", partial_path(server, name), "%s/%s" % (staging, name),
+                               LAB_DIR + "/rewrite.out", "240"], user=TRAINER)
+        write("lab-writer-4", [{"rule": "rename", "dir": staging, "name": name, "mb": size, "chunk_mb": 8, "pause": 0}],
+              manifest=LAB_DIR + "/rewritten.jsonl")
+        wait_written("lab-writer-4")
+        original = json.loads(ssh("tail -n 1 %s/rewritten.jsonl" % LAB_DIR).stdout)["files"][""]
+        wait_written("lab-rewriter")
+        caught, final = ssh("cat %s/rewrite.out" % LAB_DIR).stdout.split()
+        assert final != original
+        # The rewritten checkpoint arrives with the content it has now, never the torn mix of the first copy.
+        done = labtest.wait_until(lambda: ssh("test -e %s/%s && test ! -e %s/%s" % (server, name, staging, name),
+                                              check=False).returncode == 0, 240)
+        assert done is not None, copier_status(CONFIG)
+        assert ssh("sha256sum %s/%s" % (server, name)).stdout.split()[0] == final
+        # Whatever the copier saw (the change during the copy, or between the copy and the removal, which keeps the
+        # source and sets the first copy aside), every copy of it on the target is one whole version, never a mix.
+        versions = ssh("sha256sum %s/%s*" % (server, name)).stdout.split()[0::2]
+        assert set(versions) <= {original, final}, versions
+        journal = ssh("journalctl -o cat -u gpunode-ckpt-copier.service").stdout
+        assert ("%s changed while it was copied" % name) in journal or ("%s is on the target, but staging kept" % name) \
+            in journal, journal[-3000:]
+        # The links and the FIFO are refused with their reason and stay in staging; none reached the target.
+        status = copier_status(CONFIG)
+        why = {e["name"]: e["why"] for e in status["staged"]}
+        for evil in ("evil-shadow.pt", "evil-ssl", "evil-fifo.pt"):
+            assert evil in why and ("refused, never followed" in why[evil] or "it was not opened" in why[evil]), (evil, why)
+        on_target = ssh("ls -A %s" % server).stdout.split()
+        assert not [n for n in on_target if n.startswith("evil")], on_target
+        # Nothing of root's on the target: no file owned by root, no copy of /etc/shadow, everything the trainer's.
+        owners = set(ssh("find %s -mindepth 1 -printf '%%u\n'" % server).stdout.split())
+        assert owners == {TRAINER}, owners
+        sums = ssh("find %s -type f -exec sha256sum {} +" % server).stdout
+        assert shadow not in sums
+        assert ssh("stat -c %U /var/lib/gpunode-ckpt").stdout.strip() == TRAINER
+    finally:
+        as_trainer("rm -f {s}/evil-shadow.pt {s}/evil-ssl {s}/evil-fifo.pt".format(s=staging))
     SHARED.update(rewritten=1, rewritten_partial_bytes=int(caught), refused=sorted(why[e] for e in why if e.startswith("evil")))
 
 

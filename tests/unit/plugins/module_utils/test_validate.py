@@ -71,9 +71,15 @@ def test_path_rule_refuses(value):
 
 
 @pytest.mark.parametrize("value", ["/", "/proc", "/etc/gpunode/nic-irq-affinity.json", "/usr/local/lib/x/",
-                                   "/opt/a@b/c-1.2_3+x=y:z,w%"])
+                                   "/opt/a@b/c-1.2_3+x=y:z,w"])
 def test_path_rule_accepts(value):
     V.check("path", "opt", value)
+
+
+@pytest.mark.parametrize("value", ["/etc/%h/x", "/usr/local/sbin/a%n", "/run/%i.sh"])
+def test_path_rule_refuses_systemd_specifiers(value):
+    """% is a specifier in unit files (%h, %n, %i) and a substitution in udev rules: never in a path."""
+    assert "'%'" in str(refused("path", value))
 
 
 def test_relative_path_message_says_so():
