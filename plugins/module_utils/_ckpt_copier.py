@@ -1130,7 +1130,10 @@ def probe_target(cfg):
 # ------------------------------------------------------------------- state --
 
 def empty_state():
+    # last_error: the last failure of any kind (for the log and --status); last_target_error: the last failure of the
+    # target itself (probe, mount check, hung child, a target errno), cleared by the next copy or successful probe.
     return {"copied": 0, "retried": 0, "present": 0, "bytes_copied": 0, "history": [], "last_error": None,
+            "last_target_error": None,
             "backoff": {"seconds": 0, "until": 0}, "last_pass": None, "entries": {}}
 
 
@@ -1155,10 +1158,15 @@ def _sane_state(data):
         state["backoff"] = {"seconds": max(0, _num(backoff.get("seconds"))), "until": _num(backoff.get("until"))}
     if isinstance(data.get("history"), list):
         state["history"] = [h for h in data["history"] if isinstance(h, dict) and _num(h.get("at"), None) is not None]
-    error = data.get("last_error")
-    if isinstance(error, dict):
-        state["last_error"] = {"at": _num(error.get("at")), "reason": str(error.get("reason")),
-                               "entry": error.get("entry") if isinstance(error.get("entry"), str) else None}
+    for key in ("last_error", "last_target_error"):
+        error = data.get(key)
+        if isinstance(error, dict):
+            state[key] = {"at": _num(error.get("at")), "reason": str(error.get("reason")),
+                          "entry": error.get("entry") if isinstance(error.get("entry"), str) else None}
+    if "last_target_error" not in data and state["backoff"]["until"]:
+        # A state file of a copier before last_target_error: only a failure of the target set the backoff, and only
+        # a copy cleared it, so a backoff still set means its last error was the target's.
+        state["last_target_error"] = state["last_error"]
     state["last_pass"] = _num(data.get("last_pass"), None)
     entries = data.get("entries")
     if isinstance(entries, dict):
@@ -1237,6 +1245,7 @@ def _fail(state, cfg, now, reason, entry, log):
     wait = min(cfg["retry_max"], max(cfg["retry_min"], state["backoff"]["seconds"] * 2))
     state["backoff"] = {"seconds": wait, "until": now + wait}
     state["last_error"] = {"at": now, "entry": entry, "reason": reason}
+    state["last_target_error"] = dict(state["last_error"])
     log("copy of %s failed: %s; retry in %s s" % (entry or "(target)", reason, wait))
 
 
@@ -1294,8 +1303,9 @@ def run_pass(cfg, log=print, clock=time.time, deadline=None, force=False):
 def _settle(state, cfg, now, entries):
     """Clamp every backoff to retry_max from now; forget entries no longer staged or changed since they failed."""
     state["backoff"]["until"] = _clamp(state["backoff"]["until"], now, cfg)
-    if state["last_error"] and state["last_error"]["at"] > now:
-        state["last_error"]["at"] = now
+    for key in ("last_error", "last_target_error"):
+        if state[key] and state[key]["at"] > now:
+            state[key]["at"] = now
     staged = dict((e["name"], e) for e in entries)
     for name in list(state["entries"]):
         rec = state["entries"][name]
@@ -1338,6 +1348,7 @@ def _locked_pass(cfg, log, clock, deadline, force):
             state["last_pass"] = now
             save_state(cfg["state_file"], state)
             return summary
+        state["last_target_error"] = None  # the target answered: reachable and writable
         if summary["cleaned"]:
             log("removed %d partial(s) left on the target by an interrupted copy" % len(summary["cleaned"]))
     for entry in todo:
@@ -1398,6 +1409,7 @@ def _one_entry(cfg, state, summary, entry, log, clock):
     state["present"] += result["action"] == "present"
     state["bytes_copied"] += result["bytes"] if result["action"] != "present" else 0
     state["backoff"] = {"seconds": 0, "until": 0}
+    state["last_target_error"] = None
     summary["copied"].append(name)
     verb = {"present": "found verified", "versioned": "copied (the older %s on the target is now %s)" % (
         name, result.get("aside")), "replaced": "copied (replacing the older one)", "linked": "linked"}
@@ -1410,8 +1422,9 @@ def _one_entry(cfg, state, summary, entry, log, clock):
 # ------------------------------------------------------------------ status --
 
 def status(cfg, now=None):
-    """What is staged, what was copied, the oldest checkpoint not yet durable, the last error, the entries that
-    failed and those quarantined (read-only)."""
+    """What is staged, what was copied, the oldest checkpoint not yet durable, the last error (of any kind) and the
+    target's last error (cleared by a copy or a successful probe), the entries that failed and those quarantined
+    (read-only)."""
     now = time.time() if now is None else now
     state = load_state(cfg["state_file"])
     entries = scan(cfg, now) if os.path.isdir(cfg["staging_dir"]) else []
@@ -1437,6 +1450,7 @@ def status(cfg, now=None):
         "copied": state["copied"], "retried": state["retried"], "bytes_copied": state["bytes_copied"],
         "recent": state["history"][-10:],
         "last_error": state["last_error"],
+        "last_target_error": state["last_target_error"],
         "backoff_until": _clamp(state["backoff"]["until"], now, cfg) or None,
         "last_pass": state["last_pass"],
         "usage_percent": usage_percent(cfg["staging_dir"]) if os.path.isdir(cfg["staging_dir"]) else None,

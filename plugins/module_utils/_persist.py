@@ -394,7 +394,9 @@ def apply_files(files, actions, root="/", write=None, prune_within=None):
     """Carry out ``actions`` from :func:`plan_files`. All or nothing: on a failed
     write every file already written is put back (or removed) and the error raised.
     Directories that removals left empty are removed up to and including
-    ``prune_within`` (the lib dir), never above it."""
+    ``prune_within`` (the lib dir), never above it.
+
+    Returns the undo record of what was done, for :func:`rollback_files` when a later step of the caller fails."""
     write = write or write_atomic
     done, created_dirs = [], []
     try:
@@ -421,6 +423,15 @@ def apply_files(files, actions, root="/", write=None, prune_within=None):
     removed = [a["path"] for a in actions if a["action"] == "remove"]
     if prune_within:
         _prune_empty_dirs(removed, root, prune_within)
+    return {"done": done, "created_dirs": created_dirs}
+
+
+def rollback_files(undo):
+    """Put back every file of an :func:`apply_files` that succeeded (``undo``, what it returned): the bytes, mode and
+    owner of each file it wrote or removed, and the absence of each file it created (with the directories it made).
+    Returns ``restored`` and ``failed`` (paths); a file that was not a regular file before cannot be put back."""
+    failed = _rollback(undo["done"], undo["created_dirs"])
+    return {"restored": [path for path, _old in undo["done"] if path not in failed], "failed": failed}
 
 
 def _rollback(done, created_dirs):
@@ -430,9 +441,12 @@ def _rollback(done, created_dirs):
             if old is None:
                 os.unlink(path)
             elif old["regular"]:
+                _makedirs(os.path.dirname(path), [])        # a removal may have pruned its directory
                 write_atomic(path, old["data"], old["mode"])
                 if os.geteuid() == 0:
                     os.chown(path, old["owner"][0], old["owner"][1])
+            else:
+                problems.append(path)                       # a link or special file: not put back
         except OSError:
             problems.append(path)
     for directory in reversed(created_dirs):

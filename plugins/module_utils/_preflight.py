@@ -299,24 +299,40 @@ def _checkpoint_durable(result, copier):
 
 
 def _checkpoint_target(copier):
-    """The copier's last attempt failed: a backoff is pending (cleared by every copy) or the last error is newer than
-    the last copy."""
+    """The target's own health: its last failure (probe, mount check, hung copy, a target errno) not yet cleared by a
+    copy or a successful probe. A failure of one entry (a refused link, a FIFO, a name conflict) says nothing about
+    the target: it is checkpoint:durable's (failing and quarantined entries). A copier status without
+    ``last_target_error`` (an older copier) is judged as before: a pending backoff or a last error newer than the
+    last copy."""
     error = copier.get("last_error")
     recent = copier.get("recent") or []
     last_copy = recent[-1].get("at") if recent else None
     until = copier.get("backoff_until")
     evidence = {"last_error": error, "backoff_until": until, "last_pass": copier.get("last_pass"),
                 "copied": copier.get("copied"), "retried": copier.get("retried")}
-    if until or (error and (last_copy is None or error.get("at", 0) > last_copy)):
-        error = error or {}
-        what = "the copy of %s failed" % error["entry"] if error.get("entry") else "the copier cannot reach the target"
+    if "last_target_error" in copier:
+        target_error = copier.get("last_target_error")
+        evidence["last_target_error"] = target_error
+        failing = bool(target_error)
+    else:
+        target_error = error
+        failing = bool(until or (error and (last_copy is None or error.get("at", 0) > last_copy)))
+    if failing:
+        target_error = target_error or {}
+        what = "the copy of %s failed" % target_error["entry"] if target_error.get("entry") else \
+            "the copier cannot reach the target"
         # copier_status carries no clock of its own: the backoff's end is shown, not judged against now.
         retry = "retrying (backoff until %s)" % _utc(until) if until else "retrying"
         return finding("checkpoint:target", "fail", "%s: %s, %s (%s failed attempt(s) in all)" % (
-            what, error.get("reason") or "no reason recorded", retry, copier.get("retried")), evidence=evidence,
+            what, target_error.get("reason") or "no reason recorded", retry, copier.get("retried")), evidence=evidence,
             fix="check the NFS mount of %s from this host (journalctl -t gpunode-ckpt-copier has every attempt)" % (
                 copier.get("target_dir")))
-    if error:
+    if error and (last_copy is None or error.get("at", 0) > last_copy):
+        entry = "%s " % error["entry"] if error.get("entry") else ""
+        message = ("no failure of the target pending (the last error, %sat %s, was of one entry or was cleared since "
+                   "by a successful probe: %s); entries that fail are checkpoint:durable's" % (
+                       entry, _utc(error.get("at", 0)), error.get("reason")))
+    elif error:
         message = "no failed attempt since the last copy (%s copied; the last error, at %s, was before it: %s)" % (
             copier.get("copied"), _utc(error.get("at", 0)), error.get("reason"))
     elif copier.get("copied"):

@@ -240,7 +240,17 @@ placement:
   returned: state is present
   type: dict
 copier_status:
-  description: What is staged, what was copied, the oldest checkpoint not yet durable, the last error.
+  description:
+    - What is staged (C(staged)), what was copied (C(copied), C(recent)), the oldest checkpoint not yet durable
+      (C(oldest_not_durable)), the backoff (C(backoff_until)).
+    - C(last_error) - the last failure of any kind (an entry or the target), for the log.
+    - C(last_target_error) - the last failure of the target itself (mount check, probe, a hung copy, an I/O error of
+      the target), null once a copy or a probe of the target has succeeded since; preflight's C(checkpoint:target)
+      judges only this one.
+    - C(failing) - entries that failed and are retried with their own backoff (C(name), C(reason), C(failures),
+      C(retry_at)).
+    - C(quarantined) - entries not tried again until they change (C(name), C(reason), C(failures), C(since));
+      preflight's C(checkpoint:durable) fails on them.
   returned: state is present and the staging directory exists
   type: dict
 service_user:

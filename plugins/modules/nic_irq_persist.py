@@ -29,6 +29,14 @@ description:
     temporary file in the same directory, fsync, rename), and a failed write puts back every file written before it.
     Pruning and O(state=absent) remove only files the collection installed (the library by its manifest), never other
     content of a shared O(lib_dir).
+  - "A run that fails after the pins puts back what it did: when a file write, a C(systemctl) or C(udevadm) step
+    (daemon-reload, enable of the boot unit, enable --now of the timer, disable --now of a timer no longer wanted) or
+    the read-back (O(verify)) fails, the units it enabled or started are stopped and disabled, every file goes back
+    to its bytes, mode and owner (or its absence), systemd and udev re-read the files put back, a timer it disabled
+    is enabled and started again, and every IRQ it moved goes back to its previous affinity. The failure names what
+    was put back (C(files_rolled_back), C(systemd_rolled_back), C(pins_rolled_back)) and what could not be
+    (C(rollback_failed), C(systemd_rollback_failed), C(pins_rollback_failed)); it reports C(changed) only when
+    something could not be put back (or irqbalance's pass changed something, see O(irqbalance))."
   - After pinning, every queue IRQ's C(smp_affinity_list) is read back and compared with the plan (O(verify)).
     Kernel-managed IRQs (V(unchangeable)) are left out of the comparison and named in RV(unchangeable).
   - On a captured or generated tree (O(procfs_path)/O(sysfs_path) not the live ones), the files go under that tree's
@@ -95,7 +103,11 @@ options:
       - "Order: the pins and the persistence files are planned and every input is checked, then irqbalance's pass is
         planned (its input checked), then irqbalance is stopped or restarted with the ban, and only then are the IRQs
         pinned, so no balancing pass of the old daemon comes in between. A failure after irqbalance's pass leaves that
-        pass done (it is reported) and writes no pin or file after the failure."
+        pass done (it is reported in RV(irqbalance_state) with the failure, and the run reports C(changed)); the pins,
+        files and units of this module are put back. irqbalance's pass is not undone: its code (the same as
+        M(gpunode.tuning.irqbalance_state)'s) rolls back only a failed write of its own files and keeps no record to
+        take back a finished pass (unmask, enable, start); it is a complete state of its own, which a rerun (or
+        M(gpunode.tuning.irqbalance_state) with the mode wanted) converges."
       - With O(state=present) the mode is V(disabled) or V(banned) (O(allow_irqbalance) then follows it); with
         O(state=absent) it is V(absent), which gives irqbalance back after the persistence is removed.
     type: dict
@@ -263,7 +275,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state i
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
     HEADER, PKG_DIR, RECHECK_UNIT, TIMER, UDEV_RULE, UNIT, UNIT_DIR, PersistError, apply_files, installed_library, owned_paths,
-    plan_files, render, rooted, systemctl_show)
+    plan_files, render, rollback_files, rooted, systemctl_show)
 from ansible_collections.gpunode.tuning.plugins.module_utils._validate import InputError, check_own_file, validate_module
 
 ARGUMENT_SPEC = dict(
@@ -335,7 +347,7 @@ class Systemd(object):
     """systemctl/udevadm through the module's runner; on a captured tree (runner None) only records."""
 
     def __init__(self, module, live, check):
-        self.module, self.live, self.check, self.actions = module, live, check, []
+        self.module, self.live, self.check, self.actions, self.undo = module, live, check, [], []
 
     def states(self, *units):
         """UnitFileState and ActiveState of each unit, in one systemctl call (each call costs time on a slow node)."""
@@ -349,14 +361,46 @@ class Systemd(object):
                 found[props.get("Id") or unit] = props
         return found
 
-    def do(self, argv, label):
+    def do(self, argv, label, undo=()):
+        """Run ``argv``; ``undo``: the steps (argv lists) that take it back, remembered before it runs (a step that
+        fails may have done half of its work: ``enable --now`` enabled and did not start)."""
         if self.check or not self.live:
             self.actions.append(label + ("" if self.live else " (captured tree: not run)"))
             return
+        self.undo.extend(undo)
         rc, out, err = self.module.run_command(argv, environ_update={"LC_ALL": "C"})
         if rc != 0:
             raise PersistError("%s failed (rc %d): %s" % (" ".join(argv), rc, (err or out).strip()), command=argv)
         self.actions.append(label)
+
+    def quiet(self, argv):
+        """Run one step of a rollback; whether it worked (a rollback runs every step it can, never raises)."""
+        rc, _out, _err = self.module.run_command(argv, environ_update={"LC_ALL": "C"})
+        return rc == 0
+
+    def roll_back(self, restore_files, reload_units, reload_udev):
+        """Take back what this run did through systemd, around ``restore_files`` (a callable): first stop and disable
+        what it enabled or started (with the unit files it wrote), then the files, then daemon-reload and the udev
+        reload (systemd and udev re-read what was put back), then enable and start again what it disabled or stopped.
+        Returns (``restored``, ``failed``) step labels."""
+        if self.check or not self.live:
+            restore_files()
+            return [], []
+        late = [argv for argv in self.undo if argv[1] in ("enable", "start")]
+        steps = [argv for argv in reversed(self.undo) if argv not in late] + [restore_files]
+        if reload_units:
+            steps.append(["systemctl", "daemon-reload"])
+        if reload_udev:
+            steps.append(["udevadm", "control", "--reload"])
+        steps += late
+        restored, failed = [], []
+        for step in steps:
+            if callable(step):
+                step()
+                continue
+            (restored if self.quiet(step) else failed).append(" ".join(step[1:] if step[0] == "systemctl" else step))
+        self.undo = []
+        return restored, failed
 
 
 def _irqbalance_prepare(module, params, root, sysfs, run, banned_cpus="", banned_devices=()):
@@ -420,29 +464,33 @@ def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desi
                                    sysfs=sysfs, run=run)
     systemd = Systemd(module, run is not None, module.check_mode)
     changed_files = [a for a in actions if a["action"] != "unchanged"]
+    undo_files = None
     if params["persist"]:
         timer_path = rooted(root, "%s/%s" % (UNIT_DIR, TIMER))
         try:
             if not settings["recheck_interval"] and os.path.exists(timer_path):
-                systemd.do(["systemctl", "disable", "--now", TIMER], "disable --now %s" % TIMER)
+                timer = systemd.states(TIMER).get(TIMER, {}) if not module.check_mode else {}
+                systemd.do(["systemctl", "disable", "--now", TIMER], "disable --now %s" % TIMER,
+                           undo=_undo_disable_now(TIMER, timer))
             if not module.check_mode:
-                apply_files(files, changed_files, root, prune_within=settings["lib_dir"])
+                undo_files = apply_files(files, changed_files, root, prune_within=settings["lib_dir"])
+            units = [a for a in changed_files if a["path"].startswith(UNIT_DIR + "/")]
+            if units:
+                systemd.do(["systemctl", "daemon-reload"], "daemon-reload")
+            if any(a["path"] == UDEV_RULE for a in changed_files):
+                systemd.do(["udevadm", "control", "--reload"], "udevadm control --reload")
+            # Enablement is read from systemd itself, so only on the live system.
+            if systemd.live:
+                found = systemd.states(UNIT, TIMER)
+                if found.get(UNIT, {}).get("UnitFileState") != "enabled":
+                    systemd.do(["systemctl", "enable", UNIT], "enable %s" % UNIT, undo=[["systemctl", "disable", UNIT]])
+                timer = found.get(TIMER, {})
+                if settings["recheck_interval"] and (timer.get("UnitFileState") != "enabled"
+                                                     or timer.get("ActiveState") != "active"):
+                    systemd.do(["systemctl", "enable", "--now", TIMER], "enable --now %s" % TIMER,
+                               undo=_undo_enable_now(TIMER, timer))
         except PersistError as exc:
-            raise _pins_back(exc, result, procfs)
-        units = [a for a in changed_files if a["path"].startswith(UNIT_DIR + "/")]
-        if units:
-            systemd.do(["systemctl", "daemon-reload"], "daemon-reload")
-        if any(a["path"] == UDEV_RULE for a in changed_files):
-            systemd.do(["udevadm", "control", "--reload"], "udevadm control --reload")
-        # Enablement is read from systemd itself, so only on the live system.
-        if systemd.live:
-            found = systemd.states(UNIT, TIMER)
-            if found.get(UNIT, {}).get("UnitFileState") != "enabled":
-                systemd.do(["systemctl", "enable", UNIT], "enable %s" % UNIT)
-            timer = found.get(TIMER, {})
-            if settings["recheck_interval"] and (timer.get("UnitFileState") != "enabled"
-                                                 or timer.get("ActiveState") != "active"):
-                systemd.do(["systemctl", "enable", "--now", TIMER], "enable --now %s" % TIMER)
+            raise _roll_back(exc, systemd, undo_files, changed_files, result, procfs)
     out = dict(
         changed=bool(result["changed"] or changed_files or systemd.actions),
         interface=result["interface"], pci_address=result["pci_address"], cpulist=result["cpulist"], cpus=result["cpus"],
@@ -460,23 +508,67 @@ def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desi
         out.update(verified=not check["mismatch"], unchangeable=check["unchangeable"],
                    effective_lagging=check["lagging"])
         if check["mismatch"]:
-            module.fail_json(msg="after pinning, queue IRQs of %s are not on their planned CPUs (something moved them: "
-                             "is irqbalance running?): %s" % (result["pci_address"], "; ".join(check["mismatch"])),
-                             **out)
+            exc = PersistError("after pinning, queue IRQs of %s are not on their planned CPUs (something moved them: "
+                               "is irqbalance running?): %s" % (result["pci_address"], "; ".join(check["mismatch"])),
+                               **out)
+            raise _roll_back(exc, systemd, undo_files, changed_files, result, procfs)
     diff = [result["diff"]] + [{"before_header": a["path"], "after_header": a["path"], "before": a["before"],
                                 "after": a["after"]} for a in changed_files if a["before"] or a["after"]]
     return out, warnings, diff
 
 
-def _pins_back(exc, result, procfs):
-    """The files failed (apply_files has put them back): the IRQs this run moved go back to where they were too, so a
-    failed run leaves the node as it found it. The error says what was put back and what could not be."""
-    if not any(item["status"] == "changed" for item in result["irqs"]):
-        return exc
-    back = restore_pins(result["irqs"], procfs=procfs)
-    details = dict(exc.details, pins_rolled_back=back["restored"], pins_rollback_failed=back["failed"],
-                   changed=bool(back["failed"]))
-    return PersistError("%s; pins: %s" % (exc, back["summary"]), **details)
+def _undo_enable_now(unit, props):
+    """What takes back ``systemctl enable --now unit`` given the unit's properties before it."""
+    enabled, active = props.get("UnitFileState") == "enabled", props.get("ActiveState") == "active"
+    if not enabled and not active:
+        return [["systemctl", "disable", "--now", unit]]
+    if enabled and active:
+        return []
+    return [["systemctl", "stop" if enabled else "disable", unit]]
+
+
+def _undo_disable_now(unit, props):
+    """What takes back ``systemctl disable --now unit`` given the unit's properties before it."""
+    enabled, active = props.get("UnitFileState") == "enabled", props.get("ActiveState") == "active"
+    if enabled and active:
+        return [["systemctl", "enable", "--now", unit]]
+    if enabled or active:
+        return [["systemctl", "enable" if enabled else "start", unit]]
+    return []
+
+
+def _roll_back(exc, systemd, undo_files, changed_files, result, procfs):
+    """A step after the pins failed (a file, systemctl, the read-back): put back what this run did, so a failed run
+    leaves the node as it found it - the units it enabled or started stopped and disabled, the files (bytes, mode,
+    owner, or absence; after a failed write ``apply_files`` has already put them back), systemd and udev reloaded,
+    what it disabled enabled again, the IRQs it moved. irqbalance's pass, which ran before the pins, is not undone (it
+    is reported with the failure). Returns the error to raise: what was put back, what could not be, and ``changed``
+    true only when something could not."""
+    files = {"restored": [], "failed": list(exc.details.get("rollback_failed") or [])}
+
+    def restore_files():
+        if undo_files is not None:
+            back = rollback_files(undo_files)
+            files["restored"], files["failed"] = back["restored"], files["failed"] + back["failed"]
+
+    paths = [a["path"] for a in changed_files]
+    restored, failed = systemd.roll_back(restore_files, undo_files is not None and any(
+        p.startswith(UNIT_DIR + "/") for p in paths), undo_files is not None and UDEV_RULE in paths)
+    pins = {"restored": [], "failed": [], "summary": "none moved"}
+    if any(item["status"] == "changed" for item in result["irqs"]):
+        pins = restore_pins(result["irqs"], procfs=procfs)
+    parts = []
+    if undo_files is not None:
+        parts.append("files: %d put back%s" % (len(files["restored"]), "; rollback FAILED for %s" % ", ".join(
+            files["failed"]) if files["failed"] else ""))
+    if restored or failed:
+        parts.append("systemd: %s%s" % (", ".join(restored) or "nothing", "; FAILED: %s" % ", ".join(failed)
+                                        if failed else ""))
+    parts.append("pins: %s" % pins["summary"])
+    details = dict(exc.details, files_rolled_back=files["restored"], rollback_failed=files["failed"],
+                   systemd_rolled_back=restored, systemd_rollback_failed=failed, pins_rolled_back=pins["restored"],
+                   pins_rollback_failed=pins["failed"], changed=bool(files["failed"] or failed or pins["failed"]))
+    return PersistError("%s; rolled back: %s" % (exc, "; ".join(parts)), **details)
 
 
 def _absent(module, params, procfs, sysfs, run):

@@ -701,3 +701,65 @@ def test_cli_bad_deadline_is_a_usage_error(tmp_path, capsys, value):
     from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_cli  # pylint: disable=import-outside-toplevel
     assert _ckpt_cli.main(["--deadline", value, str(tmp_path / "copier.json")]) == 2
     assert "--deadline %r is not a number of seconds above 0" % value in capsys.readouterr().err
+
+
+# ------------------------------------------------ the target's health kept apart --
+
+def test_a_refused_link_is_an_entry_failure_never_the_targets(dirs, tmp_path, secret):
+    """One trainer's link to /etc/shadow is refused (checkpoint:durable's), but the target is fine: last_error names
+    the link, last_target_error stays empty and preflight's checkpoint:target passes."""
+    staging, target = dirs
+    cfg = config(dirs, tmp_path)
+    now = time.time()
+    (staging / "ok.pt").write_bytes(b"ok")
+    assert cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now)["copied"] == ["ok.pt"]
+    os.symlink(str(secret), str(staging / "x.pt"))
+    summary = cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now + 100)
+    assert summary["entry_failures"][0]["entry"] == "x.pt" and summary["failed"] is None
+    report = cc.status(cfg, now=now + 100)
+    assert report["last_error"]["entry"] == "x.pt" and report["last_error"]["at"] == now + 100
+    assert report["last_target_error"] is None and report["failing"][0]["name"] == "x.pt"
+    found = P._checkpoint_target(report)  # pylint: disable=protected-access
+    assert found["status"] == "pass", found
+    assert "x.pt" in found["message"] and "checkpoint:durable" in found["message"]
+    assert found["evidence"]["last_target_error"] is None and found["evidence"]["last_error"] == report["last_error"]
+    assert os.listdir(str(target)) == ["ok.pt"]
+
+
+def test_a_target_failure_is_cleared_by_the_next_successful_probe_even_without_a_copy(dirs, tmp_path, secret):
+    staging, target = dirs
+    cfg = config(dirs, tmp_path)
+    now = time.time()
+    os.symlink(str(secret), str(staging / "x.pt"))
+    os.rmdir(str(target))
+    assert "unavailable" in cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now)["failed"]["reason"]
+    report = cc.status(cfg, now=now)
+    assert report["last_target_error"] == report["last_error"] and report["last_target_error"]["entry"] is None
+    found = P._checkpoint_target(report)  # pylint: disable=protected-access
+    assert found["status"] == "fail" and found["message"].startswith("the copier cannot reach the target: target ")
+    target.mkdir()
+    summary = cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now + 41)   # after the backoff; only x.pt to copy
+    assert summary["copied"] == [] and summary["entry_failures"][0]["entry"] == "x.pt"
+    report = cc.status(cfg, now=now + 41)
+    assert report["last_target_error"] is None and report["last_error"]["entry"] == "x.pt"
+    assert P._checkpoint_target(report)["status"] == "pass"  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("backoff, target_failing", [(True, True), (False, False)], ids=["in-backoff", "no-backoff"])
+def test_a_state_file_without_last_target_error_still_loads(dirs, tmp_path, backoff, target_failing):
+    """A state file of the copier before last_target_error: a backoff still set means its last error was the
+    target's (only a target failure set it, only a copy cleared it); without one the last error was an entry's."""
+    cfg = config(dirs, tmp_path)
+    now = time.time()
+    old = {"copied": 1, "retried": 1, "present": 0, "bytes_copied": 2, "history": [{"at": now - 50, "name": "a.pt"}],
+           "last_error": {"at": now - 10, "entry": None if backoff else "x.pt", "reason": "gone"},
+           "backoff": {"seconds": 5, "until": now + 5} if backoff else {"seconds": 0, "until": 0},
+           "last_pass": now - 10, "entries": {}}
+    os.makedirs(os.path.dirname(cfg["state_file"]))
+    with open(cfg["state_file"], "w") as handle:
+        json.dump(old, handle)
+    state = cc.load_state(cfg["state_file"])
+    assert state["last_error"]["reason"] == "gone"
+    assert state["last_target_error"] == (state["last_error"] if target_failing else None)
+    found = P._checkpoint_target(cc.status(cfg, now=now))  # pylint: disable=protected-access
+    assert found["status"] == ("fail" if target_failing else "pass")

@@ -456,3 +456,44 @@ def test_checkpoint_quarantined_entries_fail_durable_whatever_their_age(tmp_path
                                 "fresh.pt: fresh.pt is a FIFO")
     result["copier_status"]["quarantined"] = []
     assert by_check(P.host_findings({"checkpoint": result}))["checkpoint:durable"]["status"] == "pass"
+
+
+def test_checkpoint_target_judges_only_the_targets_own_error(tmp_path):
+    """One refused entry (a link out of staging, issue 27) makes last_error newer than every copy, but the target is
+    fine: checkpoint:target passes and says where the entry's failure is; a failure of the target itself fails it.
+    The copier's real run_pass and status() are used."""
+    from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_copier  # pylint: disable=import-outside-toplevel
+    staging, target, outside = tmp_path / "staging", tmp_path / "target", tmp_path / "secret"
+    staging.mkdir()
+    target.mkdir()
+    outside.write_bytes(b"not a checkpoint")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+                         "40 22 0:45 / %s rw,relatime shared:20 - nfs4 server:/export rw,vers=4.2,hard\n" % target)
+    mount = {"point": str(target), "fstype": "nfs4", "source": "server:/export"}
+    cfg = _ckpt_copier.check_config({"staging_dir": str(staging), "target_dir": str(target), "retry_min": 5,
+                                     "state_file": str(tmp_path / "state.json"), "mountinfo_path": str(mountinfo),
+                                     "target_mount": mount})
+    now = time.time()
+    os.symlink(str(outside), str(staging / "link.pt"))
+    summary = _ckpt_copier.run_pass(cfg, log=lambda line: None, clock=lambda: now)
+    assert summary["entry_failures"] and summary["failed"] is None, summary
+    result = {"config": {"staging_dir": str(staging), "target_dir": str(target)}, "files": [], "systemd": [],
+              "copier_status": _ckpt_copier.status(cfg, now=now)}
+    found = by_check(P.host_findings({"checkpoint": result}))
+    assert found["checkpoint:target"]["status"] == "pass", found["checkpoint:target"]
+    assert "link.pt" in found["checkpoint:target"]["message"]
+    assert found["checkpoint:target"]["evidence"]["last_target_error"] is None
+    # The target's own failure still fails it, and an older copier's status (no last_target_error) is judged as before.
+    mountinfo.write_text("22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n")
+    (staging / "ok.pt").write_bytes(b"ok")
+    summary = _ckpt_copier.run_pass(cfg, log=lambda line: None, clock=lambda: now + 100, force=True)
+    assert summary["failed"]["entry"] is None, summary
+    result["copier_status"] = _ckpt_copier.status(cfg, now=now + 100)
+    target_found = by_check(P.host_findings({"checkpoint": result}))["checkpoint:target"]
+    assert target_found["status"] == "fail" and "not on a mounted shared filesystem" in target_found["message"]
+    legacy = dict(result["copier_status"], backoff_until=None)
+    del legacy["last_target_error"]
+    legacy["last_error"] = dict(legacy["last_error"], entry="link.pt")
+    assert by_check(P.host_findings({"checkpoint": dict(result, copier_status=legacy)}))["checkpoint:target"][
+        "status"] == "fail"

@@ -444,3 +444,153 @@ def test_a_pin_that_cannot_be_put_back_is_named_and_the_run_reports_changed(lab,
     assert [f["irq"] for f in res["pins_rollback_failed"]] == broken and "rollback FAILED" in res["msg"]
     assert dict((k, v) for k, v in lab.all_affinities().items() if k not in broken) == \
         dict((k, v) for k, v in before.items() if k not in broken)
+
+
+# A failed systemctl step or read-back rolls back everything this run did (issue 27, rollback) ---------------------
+
+STAND_IN = """#!%(python)s
+# A stand-in for systemctl and udevadm that keeps each unit's enablement and activity as files, logs every call and
+# fails each call named (one per line) in the fail file once.
+import os
+import sys
+
+args = sys.argv[1:]
+line = " ".join([os.path.basename(sys.argv[0])] + args)
+with open(%(log)r, "a") as handle:
+    handle.write(line + "\\n")
+failing = open(%(fail)r).read().splitlines() if os.path.exists(%(fail)r) else []
+if line in failing:
+    failing.remove(line)
+    with open(%(fail)r, "w") as handle:
+        handle.write("".join(f + "\\n" for f in failing))
+    sys.stderr.write("Failed: stand-in failure\\n")
+    sys.exit(1)
+units = [a for a in args[1:] if not a.startswith("--")]
+flag = lambda unit, kind: os.path.join(%(state)r, unit + "." + kind)
+if args and args[0] == "show":
+    print("\\n".join("Id=%%s\\nActiveState=%%s\\nUnitFileState=%%s\\n" %% (
+        u, "active" if os.path.exists(flag(u, "active")) else "inactive",
+        "enabled" if os.path.exists(flag(u, "enabled")) else "disabled") for u in units))
+elif args and args[0] in ("enable", "disable", "start", "stop"):
+    for unit in units:
+        kinds = {"enable": ["enabled"], "disable": ["enabled"], "start": ["active"], "stop": ["active"]}[args[0]]
+        if "--now" in args:
+            kinds.append("active")
+        for kind in kinds:
+            if args[0] in ("enable", "start"):
+                open(flag(unit, kind), "w").close()
+            elif os.path.exists(flag(unit, kind)):
+                os.unlink(flag(unit, kind))
+"""
+UNIT_NAME, TIMER_NAME = "gpunode-nic-irq-affinity.service", "gpunode-nic-irq-affinity.timer"
+
+
+@pytest.fixture
+def systemd(tmp_path, monkeypatch):
+    """systemctl and udevadm as stand-ins on PATH, and the module's Systemd live as on a node (the tree's IRQs and
+    files stay the tree's). Returns {"log", "fail", "state"}; ``units()`` reads what is enabled and active."""
+    paths = dict(log=str(tmp_path / "calls.log"), fail=str(tmp_path / "fail"), state=str(tmp_path / "units"),
+                 python=sys.executable)
+    os.makedirs(paths["state"])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("systemctl", "udevadm"):
+        (bin_dir / name).write_text(STAND_IN % paths)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ.get("PATH", "/usr/bin:/bin")))
+    real = nic_irq_persist.Systemd
+    monkeypatch.setattr(nic_irq_persist, "Systemd", lambda module, live, check: real(module, True, check))
+    return paths
+
+
+def unit_states(systemd):
+    return sorted(os.listdir(systemd["state"]))
+
+
+def log_of(systemd):
+    if not os.path.exists(systemd["log"]):
+        return []
+    with open(systemd["log"]) as handle:
+        return handle.read().splitlines()
+
+
+def fail_on(systemd, *lines):
+    with open(systemd["fail"], "w") as handle:
+        handle.write("".join(line + "\n" for line in lines))
+    with open(systemd["log"], "w"):
+        pass
+
+
+@pytest.mark.parametrize("step", ["systemctl daemon-reload", "udevadm control --reload",
+                                  "systemctl enable %s" % UNIT_NAME, "systemctl enable --now %s" % TIMER_NAME])
+def test_a_failed_systemd_step_puts_back_files_units_and_pins(lab, systemd, step):
+    """An earlier install without the timer; this run changes the unit and the udev rule, adds the timer, enables the
+    unit and fails at ``step``: every file (bytes and mode, or absence), every unit's enablement and activity, every
+    pin as before, and systemd and udev re-read the files put back."""
+    kind, res = run(args(lab, recheck_interval="", count=2))
+    assert kind is Exit and res["verified"] is True, res
+    os.unlink(os.path.join(systemd["state"], UNIT_NAME + ".enabled"))   # the boot unit disabled by hand since,
+    with open(under(lab, "/etc/udev/rules.d/70-gpunode-nic-irq-affinity.rules"), "a") as handle:
+        handle.write("# local edit\n")                                   # and the udev rule edited
+    files, pins, units = snapshot(lab.root), lab.all_affinities(), unit_states(systemd)
+    fail_on(systemd, step)
+    kind, res = run(args(lab, timeout=45))
+    assert kind is Fail and "stand-in failure" in res["msg"] and "rolled back" in res["msg"], res
+    assert res["changed"] is False and res["rollback_failed"] == [] and res["systemd_rollback_failed"] == []
+    assert res["pins_rolled_back"] and res["pins_rollback_failed"] == []
+    assert snapshot(lab.root) == files
+    assert lab.all_affinities() == pins
+    assert unit_states(systemd) == units
+    calls = log_of(systemd)
+    assert calls[calls.index(step) + 1:][-2:] == ["systemctl daemon-reload", "udevadm control --reload"], calls
+    kind, res = run(args(lab, timeout=45))                     # nothing left half done: a clean run converges
+    assert kind is Exit and res["verified"] is True
+    assert unit_states(systemd) == sorted([UNIT_NAME + ".enabled", TIMER_NAME + ".active", TIMER_NAME + ".enabled"])
+
+
+def test_a_failed_read_back_puts_back_files_units_and_pins(lab, systemd, monkeypatch):
+    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_affinity
+    files, pins = snapshot(lab.root), lab.all_affinities()
+    real = _irq_affinity.apply_plan
+    moved = []
+
+    def apply_then_someone_moves_one(plan, **kw):
+        out = real(plan, **kw)
+        irq = [i.irq for i in plan.items if i.status == "changed"][0]
+        lab.set_affinity(irq, [0])
+        moved.append(irq)
+        return out
+
+    monkeypatch.setattr(_irq_affinity, "apply_plan", apply_then_someone_moves_one)
+    kind, res = run(args(lab))
+    assert kind is Fail and res["verified"] is False and "not on their planned CPUs" in res["msg"], res
+    assert res["changed"] is False and "pins: restored IRQs" in res["msg"]
+    assert len(res["files_rolled_back"]) > 10 and res["systemd_rolled_back"] == [
+        "disable --now %s" % TIMER_NAME, "disable %s" % UNIT_NAME, "daemon-reload", "udevadm control --reload"]
+    assert snapshot(lab.root) == files
+    assert lab.all_affinities() == pins and moved
+    assert unit_states(systemd) == []
+
+
+def test_a_timer_the_run_disabled_is_enabled_and_started_again(lab, systemd):
+    kind, res = run(args(lab))
+    assert kind is Exit and TIMER_NAME + ".active" in unit_states(systemd)
+    files, pins, units = snapshot(lab.root), lab.all_affinities(), unit_states(systemd)
+    fail_on(systemd, "systemctl daemon-reload")
+    kind, res = run(args(lab, recheck_interval="", count=2))   # removes the timer (disable --now first), then fails
+    assert kind is Fail and res["changed"] is False, res
+    assert log_of(systemd)[:2] == ["systemctl show --property=Id --property=UnitFileState --property=ActiveState %s"
+                                   % TIMER_NAME, "systemctl disable --now %s" % TIMER_NAME]
+    assert log_of(systemd)[-1] == "systemctl enable --now %s" % TIMER_NAME
+    assert res["systemd_rolled_back"][-1] == "enable --now %s" % TIMER_NAME
+    assert snapshot(lab.root) == files and lab.all_affinities() == pins and unit_states(systemd) == units
+
+
+def test_a_step_that_cannot_be_taken_back_is_named_and_the_run_reports_changed(lab, systemd):
+    fail_on(systemd, "systemctl enable --now %s" % TIMER_NAME, "systemctl disable %s" % UNIT_NAME)
+    files, pins = snapshot(lab.root), lab.all_affinities()
+    kind, res = run(args(lab))
+    assert kind is Fail and res["changed"] is True, res
+    assert res["systemd_rollback_failed"] == ["disable %s" % UNIT_NAME] and "FAILED: disable" in res["msg"]
+    assert unit_states(systemd) == [UNIT_NAME + ".enabled"]      # said, not hidden
+    assert snapshot(lab.root) == files and lab.all_affinities() == pins
