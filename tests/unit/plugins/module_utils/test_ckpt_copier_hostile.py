@@ -24,7 +24,6 @@ from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_copier
 from ansible_collections.gpunode.tuning.plugins.module_utils import _preflight as P
 
 
-
 def mounted(tmp_path, target):
     """A SYNTHETIC mount table with ``target`` mounted over NFS (the test's directories are on the host's /)."""
     path = tmp_path / "mountinfo"
@@ -483,8 +482,8 @@ def test_an_entry_larger_than_the_free_space_is_said_before_and_others_go_on(tmp
     assert os.listdir(small_target) == ["small.pt"]
     report = cc.status(cfg)
     assert report["failing"][0]["name"] == "big.pt" and "needs 3145728 bytes" in report["failing"][0]["reason"]
-    for _ in range(6):  # a full target is not the entry's fault: never quarantined
-        cc.run_pass(cfg, log=log, force=True)
+    for attempt in range(6):  # a full target is not the entry's fault: never quarantined
+        assert cc.run_pass(cfg, log=log, force=True)["entry_failures"], attempt
     assert cc.status(cfg)["quarantined"] == [] and cc.status(cfg)["failing"][0]["failures"] == 7
 
 
