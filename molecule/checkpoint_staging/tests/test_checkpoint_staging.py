@@ -366,7 +366,7 @@ def test_trainer_attacks_are_refused_and_nothing_is_lost():
     as_trainer("ln -s /etc/shadow {s}/evil-shadow.pt && ln -s /etc/ssl {s}/evil-ssl && mkfifo {s}/evil-fifo.pt"
                .format(s=staging))
     try:
-        name, size = "ckpt-0500.pt", 300
+        name, size = "ckpt-0500.pt", 96
         put(LAB_DIR + "/rewrite.py", REWRITE)
         # The rewriter polls for the copy's partial before the checkpoint exists, so it strikes while the copy runs.
         start("lab-rewriter", ["python3", LAB_DIR + "/rewrite.py", partial_path(server, name), "%s/%s" % (staging, name),
