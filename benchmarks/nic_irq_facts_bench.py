@@ -13,8 +13,8 @@ Trees (tests/unit/treegen.py):
   * large_numa: 1152 CPUs, 16 NUMA nodes, mlx5 PF with 64 comp IRQs, 1000 IRQ rows
     (/proc/interrupts of ~12 MB)
   * large_numa before tuning: the same, with every IRQ of the NIC allowed on all 1152 CPUs (the
-    kernel's default), once with irq_affinity_format=both (integer lists too, the default) and once
-    with irq_affinity_format=string
+    kernel's default), once with irq_affinity_format=both (integer lists too, asked for) and once
+    with irq_affinity_format=string (the default since issue 29)
 
 Measured, median and max of --runs:
   1. module main() in process (argument parsing, read_nic, read_topology, read_irqbalance; exit_json is

@@ -127,15 +127,25 @@ def _check_text(value, what, expected, host=None, allow_none=False, allow_empty=
     return str(value)
 
 
+# A GPU as nvidia-smi names it: its PCI bus id (``00000000:01:00.0``, domain of 4 or 8 hex digits).
+_BUS_ID = re.compile(r"[0-9A-Fa-f]{4}(?:[0-9A-Fa-f]{4})?:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\Z")
+
+
+def _one_gpu(gpu):
+    return (isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0) or \
+        (isinstance(gpu, str) and _BUS_ID.match(gpu) is not None)
+
+
 def _check_gpu(host, index, value):
+    """A finding's GPU: an index, a PCI bus id (gpu_health's per-GPU findings), a list of them, or None."""
     if value is None:
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if _one_gpu(value):
         return value
-    if isinstance(value, (list, tuple)) and all(isinstance(gpu, int) and not isinstance(gpu, bool) and gpu >= 0 for gpu in value):
+    if isinstance(value, (list, tuple)) and all(_one_gpu(gpu) for gpu in value):
         return list(value)
-    raise _fail("host %r: finding %d has gpu %r" % (host, index, value), value, "a GPU index, a list of GPU indexes or null",
-                host=host, key="gpu")
+    raise _fail("host %r: finding %d has gpu %r" % (host, index, value), value,
+                "a GPU index or PCI bus id (00000000:01:00.0), a list of them, or null", host=host, key="gpu")
 
 
 def _check_finding(host, index, item):

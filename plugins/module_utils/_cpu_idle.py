@@ -25,10 +25,10 @@ framework"):
 - a VM without idle-state passthrough has no cpuidle states (``none`` driver) or only ``haltpoll``: the C-states
   that matter are the host's, and the guest cannot see them.
 
-"Deep" here: any state that is not halt-class - not ``POLL``, ``C1``, ``C1E`` (or their ``_ACPI`` forms), ARM's
-``WFI`` or ``haltpoll`` - so the C3/C6/CC6-class states that give an idle core's power budget to the busy ones.
-NVIDIA's dgxc-benchmarking ``check_cpu_cstates`` warns when
-CPU 0 exposes two or fewer states or any state is disabled; that rule is reported as its own finding.
+"Deep" here: any state that is not halt-class - not ``POLL``, ``C1``, ``C1E`` (or their ``_ACPI`` and model-suffixed
+``C1-HSW``/``C1E-SKX`` forms), ARM's ``WFI`` or ``haltpoll`` - so the C3/C6/CC6-class states that give an idle
+core's power budget to the busy ones. NVIDIA's dgxc-benchmarking ``check_cpu_cstates`` warns when CPU 0 exposes
+two or fewer states or any state is disabled; that rule is reported as its own finding.
 """
 
 from __future__ import annotations
@@ -56,8 +56,14 @@ LIMIT_PARAMS = {
 LIMIT_KEYS = ("intel_idle.max_cstate", "processor.max_cstate", "intel_idle.states_off", "idle", "cpuidle.off")
 CPU_DMA_LATENCY_DEFAULT = 2000000000
 VM_DRIVERS = ("haltpoll",)
-# Halt-class states by name: the kernel's intel_idle and acpi_idle tables, ARM PSCI's WFI, cpuidle-haltpoll.
-SHALLOW_RE = re.compile(r"^(C1E?(_ACPI)?|WFI|haltpoll)$", re.I)
+# Halt-class states by what they are, not by one spelling. intel_idle named its states with a model suffix until
+# v5.x ("C1-NHM", "C1E-SNB", "C1-BYT", "C1-HSW", "C1E-SKX", "C1-IVT-4S"...; the tables of drivers/idle/intel_idle.c as
+# stored for torvalds/linux and its mirrors, read with the search tool: library index ids 48503531, 147206694,
+# 119647648) and without it since ("C1", "C1E", "C6", "C6S", "C6SP", "C10"); acpi_idle says "C1_ACPI", "C2_ACPI"...
+# (older kernels "C1".."C3"); ARM PSCI/DT "WFI"; cpuidle-haltpoll "haltpoll"; POLL is matched by is_poll. Only the
+# C1 family (C1, C1E) is halt-class: every other C-number (Atom's C2, C3, C4, C6N/C6S, C6P, C7s, C8-C10, AMD's
+# C2_ACPI = CC6) gives the core's power budget away.
+SHALLOW_RE = re.compile(r"^(?:C1E?(?:_ACPI)?(?:-[A-Z0-9]+)*|WFI|haltpoll)\Z", re.I)
 _STATE_RE = re.compile(r"^state(\d+)$")
 _CPU_RE = re.compile(r"^cpu(\d+)$")
 TUNED_PROFILE_DIRS = ("etc/tuned/profiles", "etc/tuned", "usr/lib/tuned/profiles", "usr/lib/tuned")
@@ -238,7 +244,7 @@ def _blocked_by_ladder(states):
 
 
 def is_shallow(state):
-    """A halt-class state: POLL, C1, C1E (and their _ACPI forms), ARM's WFI, haltpoll."""
+    """A halt-class state: POLL, C1, C1E (with their _ACPI and model-suffixed forms such as C1E-SKX), WFI, haltpoll."""
     return is_poll(state) or bool(SHALLOW_RE.match(state.get("name") or ""))
 
 

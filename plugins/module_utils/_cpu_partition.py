@@ -36,9 +36,15 @@ def _blank(value):
     return value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, (list, tuple)) and not value)
 
 
-def _parse(value, key, names):
+def _parse(value, key, names, ncpus=None):
+    """``ncpus`` (the node's CPU count, from its online/present list) lets ``N`` and ``all`` resolve as the kernel
+    resolves them."""
+    # Only a list that uses N or all needs the count; others keep the plain parse, so a CPU beyond the node is
+    # reported below as "not online", with the online list, rather than as a parse error.
+    if not (isinstance(value, str) and ("N" in value or "all" in value.lower())):
+        ncpus = None
     try:
-        return set(parse_cpulist(value))
+        return set(parse_cpulist(value, ncpus=ncpus))
     except CpuListError as exc:
         raise PartitionError("%s %r is not a CPU list: %s" % (names[key], value, exc), option=names[key], value=value,
                              expected=exc.expected or "a CPU list such as 0-3,8")
@@ -69,7 +75,7 @@ def split(online, housekeeping=None, irq_cpus=(), reserved=(), workload=None, la
         raise PartitionError("no online CPUs to split", option="online", value=online, expected="at least two online CPUs")
     given = {}
     for key, value in (("housekeeping", housekeeping), ("irq_cpus", irq_cpus), ("reserved", reserved), ("workload", workload)):
-        given[key] = None if _blank(value) else _parse(value, key, names)
+        given[key] = None if _blank(value) else _parse(value, key, names, max(up) + 1)
     online_text = format_cpulist(up)
     for key in ("housekeeping", "irq_cpus", "reserved", "workload"):
         offline = sorted((given[key] or set()) - up)
@@ -161,7 +167,7 @@ def isolation_parameters(isolate, present):
             "isolate.cpus is empty: give the CPUs to isolate (the isolcpus role takes the NIC IRQ CPUs the "
             "nic_irq_pinning role pinned earlier in the play)", option="isolate.cpus", value="",
             expected="a CPU list such as 4-5")
-    cpus = _parse(value, "cpus", {"cpus": "isolate.cpus"})
+    cpus = _parse(value, "cpus", {"cpus": "isolate.cpus"}, max(have) + 1 if have else None)
     have_text = format_cpulist(have)
     missing = sorted(cpus - have)
     if missing:

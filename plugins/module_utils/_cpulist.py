@@ -23,7 +23,15 @@ import re
 
 MAX_CPUS = 8192
 
-_RANGE_RE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+)/(\d+))?)?\Z")
+# One region of a CPU list (lib/bitmap-str.c bitmap_parse_region): "all" (any case) or START[-END], a group suffix
+# :USED/SIZE only after a range or all; N is the last CPU (bitmap_getnum).
+_NUM = r"(?:\d+|N)"
+_REGION_RE = re.compile(
+    r"(?:(?P<all>[aA][lL][lL])(?::(?P<all_used>{n})/(?P<all_size>{n}))?"
+    r"|(?P<start>{n})(?:-(?P<end>{n})(?::(?P<used>{n})/(?P<size>{n}))?)?)\Z".format(n=_NUM)
+)
+# Items are separated by commas and blanks; runs of them, and leading or trailing ones, are allowed (__end_of_region).
+_SEPARATOR_RE = re.compile(r"[\s,]+")
 _WORD_RE = re.compile(r"[0-9a-fA-F]{1,8}\Z")
 
 
@@ -53,60 +61,99 @@ def _check_limit(cpu, max_cpus, text):
         )
 
 
-def parse_cpulist(text, max_cpus=MAX_CPUS):
-    """Return the sorted, de-duplicated CPUs of a Linux CPU list.
+def _before_newline(text, what):
+    """The text the kernel parses: it stops at the first newline (lib/bitmap-str.c ``end_of_str``). Anything but
+    blanks after it is refused rather than silently dropped, so no hidden line reaches a file."""
+    if "\0" in text:
+        raise CpuListError("NUL byte in %s %r" % (what, text), value=text, expected="a %s on one line" % what)
+    head, sep, tail = text.partition("\n")
+    if sep and tail.strip():
+        raise CpuListError(
+            "%s %r goes on after a newline; the kernel would read only %r" % (what, text, head),
+            value=text, expected="a %s on one line" % what,
+        )
+    return head
 
-    ``""`` (and whitespace only) is the empty list, as the kernel prints it.
-    Integers and lists of integers are accepted too, so callers can pass
-    inventory values through unchanged.
+
+def _number(token, item, text, nbits, ncpus):
+    if token != "N":
+        return int(token)
+    if ncpus is None:
+        raise CpuListError(
+            "%r in CPU list %r uses N (the last CPU) but the node's CPU count is not known here" % (item, text),
+            value=item, expected="explicit CPU numbers, or the node's CPU count so that N can be resolved",
+        )
+    return nbits - 1
+
+
+def parse_cpulist(text, max_cpus=MAX_CPUS, ncpus=None):
+    """Return the sorted, de-duplicated CPUs of a Linux CPU list, as the kernel's ``bitmap_parselist`` reads it.
+
+    Accepted as the kernel accepts them (lib/bitmap-str.c, Documentation/admin-guide/kernel-parameters.rst "CPU
+    lists"): ``0-3,8``, groups ``0-15:2/4`` (including ``:0/N``, which selects no CPU), ``all`` (also with a group:
+    ``all:1/2``), ``N`` for the last CPU (``1-N``, ``0-0:1/N``), empty items and commas or blanks between items
+    (``"  ,, 0-3 ,, "``). ``N`` and ``all`` need ``ncpus``, the node's CPU count (``nr_cpu_ids``), which also bounds
+    every CPU number as the kernel does; without it ``max_cpus`` does. ``""`` (and blanks only) is the empty list.
+    Refused as the kernel refuses them: negative or non-numeric items, reversed ranges, a group size of 0, a group
+    that uses more CPUs than its size, a CPU beyond the last one, a number alone with a group (``5:1/2``), a
+    trailing ``-``; and text after a newline (the kernel would ignore it). Integers and lists of integers are
+    accepted too, so callers can pass inventory values through unchanged.
     """
     if isinstance(text, bool):
         raise CpuListError("%r is not a CPU list" % (text,), value=text, expected="a CPU list such as '0-3,8'")
     if isinstance(text, int):
         text = str(text)
     if isinstance(text, (list, tuple, set, frozenset)):
-        return _parse_cpu_iterable(text, max_cpus)
+        return _parse_cpu_iterable(text, ncpus if ncpus is not None else max_cpus)
     if not isinstance(text, str):
         raise CpuListError(
             "%r is not a CPU list" % (text,), value=text, expected="a CPU list string such as '0-3,8' or a list of integers"
         )
-    stripped = text.strip()
-    if not stripped:
-        return []
+    if ncpus is not None and (isinstance(ncpus, bool) or not isinstance(ncpus, int) or ncpus < 1 or ncpus > MAX_CPUS):
+        raise CpuListError("bad CPU count %r" % (ncpus,), value=ncpus, expected="an integer from 1 to %d" % MAX_CPUS)
+    nbits = ncpus if ncpus is not None else max_cpus
     cpus = set()
-    for raw in stripped.split(","):
-        item = raw.strip()
+    for item in _SEPARATOR_RE.split(_before_newline(text, "CPU list")):
         if not item:
-            raise CpuListError(
-                "empty item in CPU list %r" % (text,), value=text, expected="comma separated CPU numbers or ranges, no empty items"
-            )
-        match = _RANGE_RE.match(item)
+            continue
+        match = _REGION_RE.match(item)
         if not match:
-            expected = "a CPU number or range such as 4 or 0-3"
+            expected = "a CPU number or range such as 4, 0-3, 0-15:2/4, 1-N or all"
             if item.startswith("-"):
                 message = "negative CPU number %r in CPU list %r" % (item, text)
             else:
                 message = "cannot parse %r in CPU list %r" % (item, text)
             raise CpuListError(message, value=item, expected=expected)
-        first = int(match.group(1))
-        last = int(match.group(2)) if match.group(2) is not None else first
+        if match.group("all"):
+            if ncpus is None:
+                raise CpuListError(
+                    "%r in CPU list %r means every CPU but the node's CPU count is not known here" % (item, text),
+                    value=item, expected="explicit CPU numbers, or the node's CPU count so that all can be resolved",
+                )
+            first, last = 0, nbits - 1
+        else:
+            first = _number(match.group("start"), item, text, nbits, ncpus)
+            last = _number(match.group("end"), item, text, nbits, ncpus) if match.group("end") is not None else first
         if last < first:
             raise CpuListError(
                 "reversed range %r in CPU list %r" % (item, text),
                 value=item,
                 expected="a range whose start is not above its end, such as %d-%d" % (last, first),
             )
-        _check_limit(last, max_cpus, text)
-        if match.group(3) is not None:
-            used, group = int(match.group(3)), int(match.group(4))
-            if group == 0 or used == 0 or used > group:
+        used_text, size_text = match.group("used") or match.group("all_used"), match.group("size") or match.group("all_size")
+        if used_text is not None:
+            used = _number(used_text, item, text, nbits, ncpus)
+            group = _number(size_text, item, text, nbits, ncpus)
+            if group == 0 or used > group:
                 raise CpuListError(
-                    "bad group %r in CPU list %r" % (item, text), value=item, expected="a group suffix :used/size with 0 < used <= size"
+                    "bad group %r in CPU list %r" % (item, text), value=item,
+                    expected="a group suffix :used/size with size > 0 and used <= size",
                 )
-            for base in range(first, last + 1, group):
-                cpus.update(c for c in range(base, min(base + used, last + 1)))
         else:
-            cpus.update(range(first, last + 1))
+            used = group = last - first + 1
+        _check_limit(last, nbits, text)
+        for base in range(first, last + 1, group):
+            cpus.update(range(base, min(base + used, last + 1)))
     return sorted(cpus)
 
 
@@ -148,17 +195,16 @@ def _span(start, end):
 
 
 def parse_cpumask(text, ncpus=None):
-    """Return the CPUs set in a hex CPU mask such as ``ff,ffffffff``.
+    """Return the CPUs set in a hex CPU mask such as ``ff,ffffffff``, as the kernel's ``bitmap_parse`` reads it.
 
-    ``ncpus`` is the number of CPU ids the machine has (``nr_cpu_ids``);
-    a bit set at or above it is an error.
+    Words of 1 to 8 hex digits, most significant first; commas and blanks around words may repeat and lead or
+    trail (``" , badf00d, ,, deadbeef,1,0 , "``); ``""`` (and blanks only) is the empty mask. ``ncpus`` is the number
+    of CPU ids the machine has (``nr_cpu_ids``): a bit set at or above it, or more words than it needs, is an error.
     """
     if not isinstance(text, str):
         raise CpuListError("%r is not a CPU mask" % (text,), value=text, expected="hex words separated by commas, such as ff,ffffffff")
-    stripped = text.strip()
-    if not stripped:
-        raise CpuListError("empty CPU mask", value=text, expected="hex words separated by commas, such as ff,ffffffff")
-    words = stripped.split(",")
+    words = [word for word in _SEPARATOR_RE.split(_before_newline(text, "CPU mask")) if word]
+    limit = MAX_CPUS if ncpus is None else ncpus
     if len(words) * 32 > MAX_CPUS + 31:
         raise CpuListError(
             "CPU mask %r has %d words, more than %d CPUs" % (text, len(words), MAX_CPUS), value=text, expected="at most %d CPUs" % MAX_CPUS
@@ -177,12 +223,16 @@ def parse_cpumask(text, ncpus=None):
             cpus.append(bit)
         value >>= 1
         bit += 1
-    limit = MAX_CPUS if ncpus is None else ncpus
     if cpus and cpus[-1] >= limit:
         raise CpuListError(
             "CPU mask %r sets CPU %d, wider than the %d CPUs of this machine" % (text, cpus[-1], limit),
             value=text,
             expected="bits only for CPUs 0 to %d" % (limit - 1),
+        )
+    if len(words) > (limit + 31) // 32:
+        raise CpuListError(
+            "CPU mask %r has %d words, more than the %d CPUs of this machine need" % (text, len(words), limit),
+            value=text, expected="at most %d comma separated 32-bit words" % ((limit + 31) // 32),
         )
     return cpus
 

@@ -143,3 +143,33 @@ def dcgm_findings(parsed):
         evidence = {"category": test["category"], "result": test["result"], "scope": test["scope"], "gpus": test["gpus"], "details": test["details"]}
         findings.append(finding("dcgm:%s" % test["name"], status, message, evidence=evidence, fix=fix, gpu=bad_gpus or None))
     return findings
+
+
+# The Deployment category (2.x/3.x rows such as "Blacklist", "NVML Library"; 4.x "software") checks the software
+# around the GPUs; every other category (Hardware, Integration, Stress, Performance) runs the GPUs themselves.
+DEPLOYMENT = "Deployment"
+
+
+def dcgm_coverage(parsed):
+    """One finding ``dcgm`` saying whether the diagnostics ran: ``warn`` when every test was skipped, or when every test
+    beyond the Deployment checks was (DCGM#55: a level 3 run whose Integration, Hardware and Stress tests all say
+    Skip); ``pass`` otherwise, counting what was skipped. A skip is never a pass of the gate (issue 29)."""
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("tests"), list):
+        raise DcgmiError("dcgm_coverage needs the result of parse_dcgmi_diag", value=parsed, expected="a dict with a 'tests' list")
+    tests = parsed["tests"]
+    skipped = [t["name"] for t in tests if t["result"] == "Skip"]
+    gpu_tests = [t for t in tests if t["category"] != DEPLOYMENT]
+    gpu_skipped = [t["name"] for t in gpu_tests if t["result"] == "Skip"]
+    evidence = {"tests": len(tests), "skipped": skipped, "gpu_tests": len(gpu_tests), "gpu_tests_skipped": gpu_skipped}
+    fix = ("find out why dcgmi diag skipped them (DCGM#55: a missing is_allowed or allow-list entry for the GPU, MIG mode, "
+           "no CUDA, too little free memory) and rerun; a skipped diagnostic is not a pass")
+    if tests and len(skipped) == len(tests):
+        return finding("dcgm", "warn", "dcgmi diag ran no test: all %d were skipped (%s)" % (len(tests), ", ".join(skipped)),
+                       evidence=evidence, fix=fix)
+    if gpu_tests and len(gpu_skipped) == len(gpu_tests):
+        return finding("dcgm", "warn", "the GPU diagnostics did not run: all %d tests beyond the Deployment checks were "
+                       "skipped (%s)" % (len(gpu_tests), ", ".join(gpu_skipped)), evidence=evidence, fix=fix)
+    message = "dcgmi diag ran %d of %d tests" % (len(tests) - len(skipped), len(tests))
+    if skipped:
+        message += "; skipped (see their dcgm: findings): %s" % ", ".join(skipped)
+    return finding("dcgm", "pass", message, evidence=evidence)

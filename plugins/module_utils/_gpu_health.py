@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._dcgmi import DcgmiError, dcgm_findings, parse_dcgmi_diag
+from ansible_collections.gpunode.tuning.plugins.module_utils._dcgmi import DcgmiError, dcgm_coverage, dcgm_findings, parse_dcgmi_diag
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, list_dir, read_text
 from ansible_collections.gpunode.tuning.plugins.module_utils._findings import finding
@@ -90,18 +90,25 @@ def _presence(on_bus, parsed, error):
                    evidence=evidence)
 
 
-def _dcgm(run, level, output_path):
-    """``(parsed or None, findings)`` for ``dcgmi diag -r level``; level 0 and no capture: nothing."""
+def _dcgm(run, level, output_path, has_gpus=False):
+    """``(parsed or None, findings)`` for ``dcgmi diag -r level``. Where the node has GPUs, diagnostics that did not
+    run are a ``warn`` (``dcgm``: level 0, DCGM not installed, every test skipped), so that the gate is never GO
+    without saying so; the strict policy makes it fatal. Without GPUs: nothing at level 0, not_applicable without
+    DCGM."""
     text = _read_capture("dcgmi_output_path", output_path)
     source = output_path
     if text is None:
         if not level:
-            return None, []
+            if not has_gpus:
+                return None, []
+            return None, [finding("dcgm", "warn", "dcgmi diag not run (dcgm_level 0): the GPU diagnostics are not part of "
+                                  "this result", fix="set dcgm_level (preflight_dcgm_level) to 1-4 to run dcgmi diag")]
         if run is None:
             return None, [finding("dcgm", "unknown", "dcgmi diag not run: a captured tree and no dcgmi_output_path")]
         rc, out, err = run(["dcgmi", "diag", "-r", str(level)])
         if rc == 127:
-            return None, [finding("dcgm", "not_applicable", "DCGM is not installed (no dcgmi)",
+            return None, [finding("dcgm", "warn" if has_gpus else "not_applicable",
+                                  "DCGM is not installed (no dcgmi)%s" % (": the GPU diagnostics did not run" if has_gpus else ""),
                                   fix="install datacenter-gpu-manager and start nv-hostengine to run dcgmi diag")]
         text, source = out, "dcgmi diag -r %d" % level
         if not (out or "").strip():
@@ -112,7 +119,7 @@ def _dcgm(run, level, output_path):
     except DcgmiError as exc:
         return None, [finding("dcgm", "fail", "%s output is not a dcgmi diag table: %s" % (source, exc), evidence=(text or "")[:500])]
     parsed["source"] = source
-    return parsed, dcgm_findings(parsed)
+    return parsed, [dcgm_coverage(parsed)] + dcgm_findings(parsed)
 
 
 def gpu_health(sysfs="/sys", run=None, nvidia_smi_xml_path=None, dcgm_level=0, dcgmi_output_path=None):
@@ -133,7 +140,8 @@ def gpu_health(sysfs="/sys", run=None, nvidia_smi_xml_path=None, dcgm_level=0, d
     findings = [_presence(on_bus, parsed, error)]
     if parsed is not None:
         findings.extend(gpu_findings(parsed))
-    dcgm, dcgm_found = _dcgm(run, dcgm_level, dcgmi_output_path)
+    has_gpus = bool(on_bus) or bool(parsed is not None and parsed["gpus"])
+    dcgm, dcgm_found = _dcgm(run, dcgm_level, dcgmi_output_path, has_gpus)
     findings.extend(dcgm_found)
     return {"pci_gpus": on_bus, "nvidia_smi": parsed, "dcgm": dcgm, "findings": findings,
             "sources": {"nvidia_smi": source, "dcgm": None if dcgm is None else dcgm["source"]}}

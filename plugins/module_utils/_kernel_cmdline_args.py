@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import re
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, parse_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import MAX_CPUS, CpuListError, parse_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._validate import InputError, check_kernel_param
 
 MANAGED_BY = "gpunode.tuning.kernel_cmdline"
@@ -138,7 +138,9 @@ def _check_cpulist(index, text, key, cpus):
     if cpus.strip() == "":
         _fail(index, text, "the CPU list is empty", expected)
     try:
-        parse_cpulist(cpus)
+        # Syntax as the kernel's cpulist_parse takes it, N (last CPU) and all included: the node that boots with
+        # this line has its own CPU count, so CPU numbers are bounded by the largest the kernel supports.
+        parse_cpulist(cpus, ncpus=MAX_CPUS)
     except CpuListError as exc:
         _fail(index, text, "%r is not a CPU list (%s)" % (cpus, exc), expected)
 

@@ -405,18 +405,60 @@ def parse_probe(out, container_path, want_sha):
             "variable": variable, "checksum": checksum}
 
 
+_LOG_THREAD = re.compile(r"^(\S+:\d+:\d+)\s")
+_LOG_LOADING = re.compile(r"Loading topology file (\S+)")
+_LOG_NOT_OPEN = re.compile(r"Could not open XML topology file (\S+)")
+_LOG_ENV = re.compile(r"NCCL_TOPO_FILE set by environment to (\S+)")
+# Lines NCCL prints once a topology file has been read, or when it starts on another XML file (the graph file):
+# an "XML Parse" line after one of these, in the same thread, is not about the topology file.
+_LOG_TOPO_DONE = ("=== System", "TOPO/NET", "NCCL_GRAPH_FILE", "Loading graphs", "XML graph file")
+
+
 def nccl_log_loaded(text, path=None):
-    """From ``NCCL_DEBUG=INFO`` log text: "parse_error" (``XML Parse``), "not_found" (``Could not open XML topology
-    file``), "loaded" (a ``Loading topology file`` line, naming ``path`` when given), else "not_seen". An error wins
-    over a loading line: NCCL logs that it loads a file before it fails to read it."""
+    """From ``NCCL_DEBUG=INFO`` log text: "parse_error", "not_found", "loaded" or "not_seen" for the configured
+    topology file.
+
+    ``path`` is the configured file, or a list of the names it goes by (the container path, and the host path where
+    NCCL runs on the host); without it, the file the log's ``NCCL_TOPO_FILE set by environment to`` line names, else
+    any. "loaded" is a ``Loading topology file`` line naming one of them; "not_found" a ``Could not open XML topology
+    file`` line naming one; "parse_error" an ``XML Parse`` line (NCCL does not name the file in it) that follows, in
+    the same thread (``host:pid:tid``), the loading line of one of them before NCCL went on to another file. An error
+    wins over a loading line: NCCL logs that it loads a file before it fails to read it."""
     lines = (text or "").splitlines()
-    if any("XML Parse" in line for line in lines):
+    if isinstance(path, str):
+        wanted = {path}
+    else:
+        wanted = {item for item in (path or ()) if item}
+    if not wanted:
+        wanted = {m.group(1) for m in (_LOG_ENV.search(line) for line in lines) if m}
+
+    def ours(name):
+        return not wanted or name in wanted
+
+    reading = {}  # thread -> the topology file NCCL is reading there (None once it has moved on)
+    loaded = not_found = parse_error = False
+    for line in lines:
+        m = _LOG_THREAD.match(line)
+        thread = m.group(1) if m else None
+        m = _LOG_LOADING.search(line)
+        if m:
+            reading[thread] = m.group(1)
+            loaded = loaded or ours(m.group(1))
+            continue
+        m = _LOG_NOT_OPEN.search(line)
+        if m:
+            not_found = not_found or ours(m.group(1))
+            continue
+        if "XML Parse" in line:
+            name = reading.get(thread)
+            parse_error = parse_error or (name is not None and ours(name))
+        elif any(marker in line for marker in _LOG_TOPO_DONE):
+            reading[thread] = None
+    if parse_error:
         return "parse_error"
-    if any("Could not open XML topology file" in line for line in lines):
+    if not_found:
         return "not_found"
-    if any("Loading topology file" in line and (not path or path in line) for line in lines):
-        return "loaded"
-    return "not_seen"
+    return "loaded" if loaded else "not_seen"
 
 
 # -------------------------------------------------------------- converge --
@@ -514,7 +556,11 @@ def converge(params, run, check):
             result["verify"] = verify_live(p, topo, run)
             result["verified"] = True
     if p.get("nccl_log") is not None:
-        result["nccl_log_status"] = nccl_log_loaded(p["nccl_log"], p["container_path"])
+        # NCCL names the file as NCCL_TOPO_FILE does: the container path in a job's container, the host path where
+        # NCCL runs on the host (src, or what the managed nccl.conf sets).
+        names = [p["container_path"], topo["path"] if topo is not None else p.get("src"),
+                 (p.get("nccl_conf") or {}).get("NCCL_TOPO_FILE")]
+        result["nccl_log_status"] = nccl_log_loaded(p["nccl_log"], [name for name in names if name])
     result["warnings"] = warnings
     diff = [{"before_header": a["path"], "after_header": a["path"] if a["action"] != "remove" else "(absent)",
              "before": a["before"], "after": a["after"]} for a in changes]

@@ -688,12 +688,13 @@ def _add_strings(data, pairs, keep_integers=True):
                 del data[key]
 
 
-def add_cpulist_strings(nic, topology=None, irq_affinity_format="both"):
+def add_cpulist_strings(nic, topology=None, irq_affinity_format="string"):
     """Add the string form of every CPU set of ``read_nic`` (and ``read_topology``) output, in place.
 
-    ``irq_affinity_format`` "both" keeps the integer lists; "string" drops the
-    per-IRQ ``affinity``/``effective_affinity`` integer lists (the part that
-    grows with IRQs x CPUs). NIC and topology integer lists are always kept.
+    ``irq_affinity_format`` "string" (the default, issue 29) drops the per-IRQ
+    ``affinity``/``effective_affinity`` integer lists (the part that grows with
+    IRQs x CPUs); "both", for a caller that asks for them, keeps them. NIC and
+    topology integer lists are always kept.
     """
     if irq_affinity_format not in IRQ_AFFINITY_FORMATS:
         raise NicError("irq_affinity_format %r is not one of %s" % (irq_affinity_format, ", ".join(IRQ_AFFINITY_FORMATS)),

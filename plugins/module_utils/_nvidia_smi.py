@@ -212,6 +212,13 @@ def _gpu(gpu):
             "gpu": _number_of(temperature, "temperature", "gpu_temp"),
             "slowdown": _number_of(temperature, "temperature", "gpu_temp_slow_threshold"),
             "shutdown": _number_of(temperature, "temperature", "gpu_temp_max_threshold"),
+            # Newer drivers (DTD v12 on Ada/Hopper and later, v13) report the margin to T.Limit instead of, or next
+            # to, the absolute thresholds: gpu_temp_tlimit is how many degrees the GPU is below its T.Limit, and the
+            # *_tlimit_threshold values are margins too (slowdown at -2 C: two degrees past T.Limit).
+            "tlimit": _number_of(temperature, "temperature", "gpu_temp_tlimit"),
+            "slowdown_tlimit": _number_of(temperature, "temperature", "gpu_temp_slow_tlimit_threshold"),
+            "shutdown_tlimit": _number_of(temperature, "temperature", "gpu_temp_max_tlimit_threshold"),
+            "max_operating_tlimit": _number_of(temperature, "temperature", "gpu_temp_max_gpu_tlimit_threshold"),
         },
         "ecc": {
             "volatile": _ecc_block(ecc.find("volatile") if ecc is not None else None, "ecc_errors.volatile"),
@@ -329,17 +336,33 @@ def _persistence(gpu):
 
 
 def _temperature(gpu):
+    """Judge the absolute form (gpu_temp against gpu_temp_slow_threshold) where it is reported, else the T.Limit form
+    (the margin gpu_temp_tlimit against gpu_temp_slow_tlimit_threshold); a driver may report either or both."""
     temp = gpu["temperature"]
-    if temp["gpu"] is None or temp["slowdown"] is None:
-        return _finding(
-            "temperature", gpu, "not_applicable", "GPU temperature or absolute slowdown threshold is not reported", temp,
-        )
-    if temp["gpu"] >= temp["slowdown"]:
-        return _finding(
-            "temperature", gpu, "fail", "GPU at %s C, at/above its slowdown threshold %s C" % (temp["gpu"], temp["slowdown"]), temp,
-            "check airflow, fans and inlet temperature",
-        )
-    return _finding("temperature", gpu, "pass", "GPU at %s C, below slowdown threshold %s C" % (temp["gpu"], temp["slowdown"]), temp)
+    fix = "check airflow, fans and inlet temperature"
+    if temp["gpu"] is not None and temp["slowdown"] is not None:
+        if temp["gpu"] >= temp["slowdown"]:
+            return _finding(
+                "temperature", gpu, "fail",
+                "GPU at %s C, at/above its slowdown threshold %s C" % (temp["gpu"], temp["slowdown"]), temp, fix,
+            )
+        return _finding("temperature", gpu, "pass",
+                        "GPU at %s C, below slowdown threshold %s C" % (temp["gpu"], temp["slowdown"]), temp)
+    margin, slowdown = temp.get("tlimit"), temp.get("slowdown_tlimit")
+    if margin is not None and slowdown is not None:
+        where = "GPU %s C from its T.Limit%s" % (margin, (" (at %s C)" % temp["gpu"]) if temp["gpu"] is not None else "")
+        if margin <= slowdown:
+            return _finding("temperature", gpu, "fail", "%s, at/past its slowdown margin %s C" % (where, slowdown),
+                            temp, fix)
+        operating = temp.get("max_operating_tlimit")
+        if operating is not None and margin <= operating:
+            return _finding("temperature", gpu, "warn", "%s, at/past its maximum operating margin %s C (slowdown at "
+                            "%s C)" % (where, operating, slowdown), temp, fix)
+        return _finding("temperature", gpu, "pass", "%s, above its slowdown margin %s C" % (where, slowdown), temp)
+    return _finding(
+        "temperature", gpu, "not_applicable",
+        "GPU temperature with neither an absolute slowdown threshold nor a T.Limit margin and threshold reported", temp,
+    )
 
 
 def _app_clocks(gpu):

@@ -127,10 +127,17 @@ def parse_topo_matrix(text):
 
     Returns ``{"devices": [column names], "gpus": {index: {"name", "links":
     {device: code}, "cpu_affinity": set of ints or None, "numa_affinity": int
-    or None, "gpu_numa_id": int or None}}, "nics": {column: {"name":
-    "mlx5_0", "links": {device: code}}}, "legend": {code: meaning},
-    "nic_legend": {"NIC0": "mlx5_0"}}``. A NIC's links come from its own row
-    or, where the capture has none, from the GPU rows.
+    or None, "gpu_numa_id": int or None, "unreadable": {column: cell}}},
+    "nics": {column: {"name": "mlx5_0", "links": {device: code}}}, "legend":
+    {code: meaning}, "nic_legend": {"NIC0": "mlx5_0"}, "notes": [text]}``. A
+    NIC's links come from its own row or, where the capture has none, from the
+    GPU rows.
+
+    An affinity cell that cannot be read (a clipped ``0-23,48-``, a damaged
+    NUMA id) does not lose the matrix: that GPU's value is None (unknown, as
+    for ``N/A``), the cell is kept under ``unreadable`` and ``notes`` says so.
+    A link cell that cannot be read still raises ``TopoError``: the rows would
+    not line up.
     """
     if not isinstance(text, str):
         raise TopoError("topo output must be text, not %s" % type(text).__name__, value=text, expected="the text nvidia-smi topo -m printed")
@@ -189,6 +196,7 @@ def parse_topo_matrix(text):
             "topo matrix has no row for %s" % ", ".join(missing), value=text[:200], expected="a row for every GPU column of the header"
         )
     gpus = {}
+    notes = []
     for name in gpu_columns:
         links, rest, line = rows[name]
         if len(rest) > len(trailing):
@@ -198,20 +206,33 @@ def parse_topo_matrix(text):
                 expected="one value per column after the links",
             )
         values = dict(zip(trailing, rest))
+        unreadable = {}
         cpus = values.get("CPU Affinity")
-        if cpus in _NA:
-            cpu_affinity = None
-        else:
+        cpu_affinity = None
+        if cpus not in _NA:
             try:
                 cpu_affinity = set(parse_cpulist(cpus))
             except CpuListError as exc:
-                raise TopoError("CPU Affinity of %s: %s" % (name, exc), value=cpus, expected="a Linux CPU list such as 0-47,96-143") from None
+                # A clipped or damaged cell (``0-23,48-``): the links of the row still hold; only this GPU's
+                # affinity is unknown.
+                unreadable["CPU Affinity"] = cpus
+                notes.append("CPU Affinity of %s is %r, not a CPU list (%s): its CPU affinity is unknown, its links are "
+                             "kept" % (name, cpus, exc))
+        numa = {}
+        for column in ("NUMA Affinity", "GPU NUMA ID"):
+            try:
+                numa[column] = _int_or_none(values.get(column, ""), column, name)
+            except TopoError as exc:
+                numa[column] = None
+                unreadable[column] = values[column]
+                notes.append("%s: it is unknown, the links of %s are kept" % (exc, name))
         gpus[int(_GPU_RE.match(name).group(1))] = {
             "name": name,
             "links": links,
             "cpu_affinity": cpu_affinity,
-            "numa_affinity": _int_or_none(values.get("NUMA Affinity", ""), "NUMA Affinity", name),
-            "gpu_numa_id": _int_or_none(values.get("GPU NUMA ID", ""), "GPU NUMA ID", name),
+            "numa_affinity": numa["NUMA Affinity"],
+            "gpu_numa_id": numa["GPU NUMA ID"],
+            "unreadable": unreadable,
         }
     nics = {}
     for name in devices:
@@ -222,7 +243,7 @@ def parse_topo_matrix(text):
         else:
             links = dict((gpu["name"], gpu["links"][name]) for gpu in gpus.values())
         nics[name] = {"name": nic_legend.get(name, name), "links": links}
-    return {"devices": devices, "gpus": gpus, "nics": nics, "legend": legend, "nic_legend": nic_legend}
+    return {"devices": devices, "gpus": gpus, "nics": nics, "legend": legend, "nic_legend": nic_legend, "notes": notes}
 
 
 def gpu_local_cpus(parsed):

@@ -461,6 +461,14 @@ def read_smt(sysfs="/sys"):
 
 # -------------------------------------------------------------- mitigations --
 
+# The SMT clause the kernel appends to a state (arch/x86/kernel/cpu/bugs.c, torvalds/linux: mds/taa/mmio/retbleed
+# ``"%s; SMT %s"`` with vulnerable/mitigated/disabled/"enabled with STIBP protection", ``"%s; SMT Host state
+# unknown"`` in a guest, l1tf ``"%s; VMX: %s, SMT %s"``); read from the stored copies of bugs.c via the search tool.
+_SMT_CLAUSE_RE = re.compile(r"[;,]\s*SMT (vulnerable|mitigated|disabled|Host state unknown|enabled with STIBP protection)")
+SMT_CLAUSES = {"vulnerable": "vulnerable", "mitigated": "mitigated", "disabled": "disabled",
+               "Host state unknown": "host_state_unknown", "enabled with STIBP protection": "stibp"}
+
+
 def classify_vulnerability(text):
     """``not_affected``, ``vulnerable``, ``mitigated`` or ``unknown`` by the prefix of a vulnerabilities file."""
     text = (text or "").strip()
@@ -473,6 +481,14 @@ def classify_vulnerability(text):
     if text.startswith("Mitigation:"):
         return "mitigated"
     return "unknown"
+
+
+def smt_clause(text):
+    """What the kernel's ``SMT ...`` clause of a vulnerabilities file says: ``vulnerable`` (the sibling thread can
+    still attack: the mitigation covers only the same thread), ``mitigated``, ``disabled``, ``host_state_unknown``
+    (a guest), ``stibp`` (enabled with STIBP protection), or None when the text has no such clause."""
+    match = _SMT_CLAUSE_RE.search(text or "")
+    return SMT_CLAUSES[match.group(1)] if match else None
 
 
 def parse_vulnerabilities_grep(text):
@@ -495,20 +511,33 @@ def read_mitigations(sysfs="/sys"):
     for name in list_dir(base):
         text = read_text(join(base, name))
         if text is not None:
-            files[name] = {"text": text, "state": classify_vulnerability(text)}
+            files[name] = {"text": text, "state": classify_vulnerability(text), "smt": smt_clause(text)}
     vulnerable = sorted(name for name, item in files.items() if item["state"] == "vulnerable")
+    # A mitigation that leaves the sibling thread open ("Mitigation: Clear CPU buffers; SMT vulnerable") is not a pass.
+    smt_vulnerable = sorted(name for name, item in files.items() if item["state"] != "vulnerable" and item["smt"] == "vulnerable")
+    smt_unknown = sorted(name for name, item in files.items() if item["smt"] == "host_state_unknown")
     unknown = sorted(name for name, item in files.items() if item["state"] == "unknown")
     evidence = ["%s: %s" % (name, files[name]["text"]) for name in sorted(files)]
+    notes = []
+    if smt_unknown:
+        notes.append("SMT state of the host unknown to this guest: %s" % ", ".join(smt_unknown))
+    if unknown:
+        notes.append("%s unknown" % ", ".join(unknown))
+    suffix = (" (%s)" % "; ".join(notes)) if notes else ""
     if not files:
         found = finding("mitigations", "unknown", "no /sys/devices/system/cpu/vulnerabilities files")
-    elif vulnerable:
-        found = finding("mitigations", "warn", "vulnerable: %s" % ", ".join(vulnerable), evidence=evidence,
+    elif vulnerable or smt_vulnerable:
+        parts = (["vulnerable: %s" % ", ".join(vulnerable)] if vulnerable else []) + (
+            ["SMT vulnerable (mitigated for the same thread only, SMT on): %s" % ", ".join(smt_vulnerable)]
+            if smt_vulnerable else [])
+        found = finding("mitigations", "warn", "; ".join(parts) + suffix, evidence=evidence,
                         fix="if not deliberate (mitigations=off on a dedicated node), update the kernel and microcode "
-                            "and drop mitigations=off")
+                            "and drop mitigations=off" + ("; for SMT vulnerable: disable SMT (nosmt, or "
+                                                          "mitigations=auto,nosmt) or accept the cross-thread risk"
+                                                          if smt_vulnerable else ""))
     else:
-        found = finding("mitigations", "pass", "%d files, none vulnerable%s" % (
-            len(files), (" (%s unknown)" % ", ".join(unknown)) if unknown else ""), evidence=evidence)
-    return {"vulnerabilities": files, "vulnerable": vulnerable, "findings": [found]}
+        found = finding("mitigations", "pass", "%d files, none vulnerable%s" % (len(files), suffix), evidence=evidence)
+    return {"vulnerabilities": files, "vulnerable": vulnerable, "smt_vulnerable": smt_vulnerable, "findings": [found]}
 
 
 # ---------------------------------------------------------------- composed --

@@ -20,7 +20,8 @@ description:
     v13 (C(clocks_event_reasons)) and pre-DTD files all parse: pending or failed row remapping, pending page
     retirement, uncorrectable ECC errors, active clock-limiting reasons (idle and application clocks are benign;
     hardware, power-brake and thermal slowdowns fail), persistence mode, temperature against the slowdown
-    threshold, application clocks against their defaults, the power limit against the GPU's maximum, and the NVLink
+    threshold (or, where a newer driver reports only the T.Limit form, the margin C(gpu_temp_tlimit) against
+    C(gpu_temp_slow_tlimit_threshold)), application clocks against their defaults, the power limit against the GPU's maximum, and the NVLink
     fabric registration state (per-link NVLink state is not in C(nvidia-smi -q -x); it is not checked)."
   - With O(dcgm_level), C(dcgmi diag -r LEVEL), parsed for the DCGM 2.x/3.x table and the 4.x per-plugin layout;
     one finding per test, and a C(Skip) is V(not_applicable), never a pass.
@@ -43,7 +44,10 @@ options:
   dcgm_level:
     description:
       - The C(dcgmi diag -r) level to run (1 quick, 2 medium, 3 and 4 long); 0 runs none.
-      - Without DCGM installed the C(dcgm) finding is V(not_applicable).
+      - On a node with GPUs, diagnostics that did not run make the C(dcgm) finding V(warn) - level 0, DCGM not
+        installed, or C(dcgmi diag) skipping every test or every test beyond the Deployment checks - so that a gate is
+        never GO without saying so; otherwise C(dcgm) is V(pass) and counts the tests that ran. Without GPUs, level 0
+        gives no C(dcgm) finding and a missing DCGM V(not_applicable).
     type: int
     default: 0
     choices: [0, 1, 2, 3, 4]

@@ -127,6 +127,9 @@ options:
   nccl_log:
     description:
       - Text of an C(NCCL_DEBUG=INFO) log; reported as RV(nccl_log_status).
+      - Read for this module's topology file only, under any of its names (O(container_path) in a container, O(src) or
+        the C(NCCL_TOPO_FILE) of O(nccl_conf) where NCCL runs on the host); an C(XML Parse) line counts when it follows
+        that file's C(Loading topology file) line in the same thread, not when NCCL was reading another XML file.
     type: str
 notes:
   - "enroot's fstab targets are relative to the container root (a leading C(/) is accepted); C(x-create=file) creates the
@@ -204,7 +207,7 @@ verified:
   returned: with O(verify)
   type: bool
 nccl_log_status:
-  description: C(loaded), C(not_found), C(parse_error) or C(not_seen), from O(nccl_log).
+  description: C(loaded), C(not_found), C(parse_error) or C(not_seen), from O(nccl_log), for this module's topology file.
   returned: with O(nccl_log)
   type: str
 """

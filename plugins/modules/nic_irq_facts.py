@@ -49,13 +49,15 @@ options:
       - How the CPU sets of each IRQ are returned. Every CPU set is returned as a kernel-style CPU list string
         (C(affinity_list), C(effective_affinity_list), C(local_cpus_list), C(topology.online_list) ...), the format
         of the C(/proc) and C(/sys) files.
-      - V(both) also returns each IRQ's C(affinity) and C(effective_affinity) as lists of integers.
-      - V(string) leaves those two integer lists out. Use it on big machines; before tuning every IRQ allows every
-        CPU, and on 1152 CPUs the integer lists are most of the output (see C(benchmarks/nic_irq_facts_results.md)).
+      - V(string) (the default) returns each IRQ's CPU sets only as those strings. Before tuning every IRQ allows
+        every CPU, and on 1152 CPUs integer lists would be most of the output (see
+        C(benchmarks/nic_irq_facts_results.md)).
+      - V(both) also returns each IRQ's C(affinity) and C(effective_affinity) as lists of integers, for a caller that
+        asks for them; the filter P(gpunode.tuning.cpulist_expand#filter) turns one string into such a list.
       - The NIC's and the topology's integer lists are returned in both formats.
     type: str
     choices: [both, string]
-    default: both
+    default: string
 notes:
   - On a captured tree (O(procfs_path)/O(sysfs_path) not the live roots) irqbalance is read from the tree's
     parent directory (its C(etc/), C(lib/systemd/), C(proc/*/comm)).
@@ -76,18 +78,19 @@ EXAMPLES = r"""
   gpunode.tuning.nic_irq_facts:
     pci_address: "0000:42:01.0"
 
-- name: Show where the queue IRQs are
-  ansible.builtin.debug:
-    msg: "{{ ansible_facts.nic_irq.irqs | selectattr('kind', 'equalto', 'queue') | map(attribute='affinity') | list }}"
-
-- name: On a big machine, give the IRQs' CPU sets as CPU list strings only
-  gpunode.tuning.nic_irq_facts:
-    interface: ens7
-    irq_affinity_format: string
-
 - name: Show where the queue IRQs are, as the /proc files show it
   ansible.builtin.debug:
     msg: "{{ ansible_facts.nic_irq.irqs | selectattr('kind', 'equalto', 'queue') | map(attribute='affinity_list') | list }}"
+
+- name: Each IRQ's CPU sets also as integer lists (a large output on big machines)
+  gpunode.tuning.nic_irq_facts:
+    interface: ens7
+    irq_affinity_format: both
+  register: nic
+
+- name: Show the CPUs of the first queue IRQ as integers
+  ansible.builtin.debug:
+    msg: "{{ (nic.ansible_facts.nic_irq.irqs | selectattr('kind', 'equalto', 'queue') | first).affinity }}"
 
 - name: Read a captured tree instead of this host
   gpunode.tuning.nic_irq_facts:
@@ -373,7 +376,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._nic import (
 from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology
 from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
 
-ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC, irq_affinity_format=dict(type="str", choices=list(IRQ_AFFINITY_FORMATS), default="both"))
+ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC, irq_affinity_format=dict(type="str", choices=list(IRQ_AFFINITY_FORMATS), default="string"))
 
 
 # Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).

@@ -19,7 +19,8 @@ description:
     kernels, 3 on old ones); the IOMMU mode from the command line and the groups in C(/sys/kernel/iommu_groups);
     on aarch64 SMMUv3 and whether the Tegra241 CMDQV is in use, from the kernel log and the kernel config (on x86
     both are V(not_applicable), never V(pass)); SMT control; and every file of
-    C(/sys/devices/system/cpu/vulnerabilities) by its prefix (C(Not affected), C(Vulnerable), C(Mitigation:))."
+    C(/sys/devices/system/cpu/vulnerabilities) by its prefix (C(Not affected), C(Vulnerable), C(Mitigation:)) and its
+    SMT clause (a C(Mitigation:) that ends C(SMT vulnerable) still warns)."
   - A check with no evidence is V(unknown), not a pass. A virtual machine is reported, not failed.
   - Read-only. The preflight playbook (C(playbooks/preflight.yml)) turns the findings into a gate.
 author:
@@ -129,7 +130,8 @@ smt:
   returned: always
   type: dict
 mitigations:
-  description: Every vulnerabilities file and its state, and the vulnerable ones.
+  description: Every vulnerabilities file with its state and SMT clause (C(smt)), the vulnerable ones, and those
+    mitigated for the same thread only (C(smt_vulnerable)).
   returned: always
   type: dict
 sources:

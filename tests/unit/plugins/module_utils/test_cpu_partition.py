@@ -102,3 +102,11 @@ def test_labels_name_the_callers_options():
     with pytest.raises(PartitionError) as exc:
         split(ONLINE, reserved="17", labels=labels)
     assert exc.value.details["option"] == "reserved_cpus" and "reserved_cpus names CPU 17" in str(exc.value)
+
+
+def test_n_and_all_resolve_with_the_node_cpu_count():
+    """Issue 29, class 4: 2-N means up to the node's last CPU, as the kernel reads it (was: refused)."""
+    house, work = split(ONLINE, irq_cpus="0-1", workload="2-N")
+    assert (format_cpulist(house), format_cpulist(work)) == ("0-1", "2-15")
+    house, work = split(ONLINE, housekeeping="1,,3", workload="all:1/2")
+    assert format_cpulist(house) == "1,3" and format_cpulist(work) == ",".join(str(c) for c in range(0, 16, 2))

@@ -328,3 +328,75 @@ def test_findings_on_a_bare_metal_tree(tmp_path):
     assert by["idle"]["status"] == "fail" and "C6" in by["idle"]["message"]
     assert by["frequency"]["status"] == "fail" and "no_turbo is 1" in by["frequency"]["message"]
     assert "measured" not in by and res["gpus"] == {"available": False, "reason": "gpu_topology is never"}
+
+
+# ---- idle, model-suffixed state names (issue 29, class 1) -----------------------------------------------------
+
+def tree_from_cstateinfo(tmp_path, capture, cmdline):
+    """T/sys and T/proc from a real ``cstateInfo.sh`` table (``cpuN State Name Disabled Latency Residency Time
+    Usage``): each row becomes ``cpuN/cpuidle/stateK/{name,desc,latency,residency,time,usage,disable}``."""
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    base = sysfs / "devices/system/cpu"
+    cpus, cpu = [], None
+    for line in (FIXTURES / capture).read_text().splitlines():
+        fields = line.split()
+        if fields[0].startswith("cpu"):
+            cpu = int(fields[0][3:])
+            cpus.append(cpu)
+            continue
+        index, name, disabled, latency, residency, time, usage = fields
+        state = base / ("cpu%d" % cpu) / "cpuidle" / ("state%s" % index)
+        desc = "CPUIDLE CORE POLL IDLE" if name == "POLL" else "MWAIT 0x00"
+        for key, value in (("name", name), ("desc", desc), ("disable", disabled), ("latency", latency),
+                           ("residency", residency), ("time", time), ("usage", usage), ("default_status", "enabled")):
+            w(state / key, value)
+    for name in ("online", "present", "possible"):
+        w(base / name, "0-%d" % max(cpus))
+    w(base / "cpuidle/current_driver", "intel_idle")
+    w(base / "cpuidle/current_governor", "menu")
+    w(procfs / "cmdline", cmdline)
+    w(procfs / "cpuinfo", "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme msr\n")
+    w(procfs / "1" / "comm", "systemd")
+    (procfs / "1" / "fd").mkdir(parents=True)
+    for name, value in {"sys_vendor": "Supermicro", "product_name": "SYS-821GE-TNHR"}.items():
+        w(sysfs / "class/dmi/id" / name, value)
+    return sysfs, procfs
+
+
+def test_model_suffixed_c1_only_is_limited_and_names_the_kernel_limit(tmp_path):
+    """Bay Trail with intel_idle.max_cstate=1 shows POLL and C1-BYT only: that is halt-class, so the node is limited
+    by the parameter (was: C1-BYT counted as deep, verdict deep_cstate_reachable)."""
+    res = judge(*tree_from_cstateinfo(tmp_path, "cstateinfo_baytrail_max_cstate1_c1_byt.txt",
+                                      "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro intel_idle.max_cstate=1"))
+    assert res["verdict"] == "limited", res
+    assert causes(res) == ["kernel_parameter"], res
+    assert "intel_idle.max_cstate=1" in res["causes"][0]["message"]
+
+
+# Every state name of the intel_idle tables as they stood with model suffixes (drivers/idle/intel_idle.c, library
+# index id 147206694: nehalem..dnv tables), the suffix-free names of newer kernels, acpi_idle, ARM, haltpoll.
+HALT_NAMES = ["C1-NHM", "C1E-NHM", "C1-SNB", "C1E-SNB", "C1-BYT", "C1-CHT", "C1-IVB", "C1E-IVB", "C1-IVT", "C1E-IVT",
+              "C1-IVT-4S", "C1E-IVT-4S", "C1-IVT-8S", "C1E-IVT-8S", "C1-HSW", "C1E-HSW", "C1-BDW", "C1E-BDW", "C1-SKL",
+              "C1E-SKL", "C1-SKX", "C1E-SKX", "C1E-ATM", "C1-TNG", "C1-AVN", "C1-KNL", "C1-BXT", "C1E-BXT", "C1-DNV",
+              "C1E-DNV", "C1", "C1E", "C1_ACPI", "WFI", "haltpoll"]
+DEEP_NAMES = ["C3-NHM", "C6-NHM", "C3-SNB", "C6-SNB", "C7-SNB", "C6N-BYT", "C6S-BYT", "C7-BYT", "C7S-BYT", "C6N-CHT",
+              "C6S-CHT", "C7-CHT", "C7S-CHT", "C3-IVB", "C6-IVB", "C7-IVB", "C3-IVT", "C6-IVT", "C3-IVT-4S", "C6-IVT-4S",
+              "C3-IVT-8S", "C6-IVT-8S", "C3-HSW", "C6-HSW", "C7s-HSW", "C8-HSW", "C9-HSW", "C10-HSW", "C3-BDW", "C6-BDW",
+              "C7s-BDW", "C8-BDW", "C9-BDW", "C10-BDW", "C3-SKL", "C6-SKL", "C7s-SKL", "C8-SKL", "C9-SKL", "C10-SKL",
+              "C6-SKX", "C2-ATM", "C4-ATM", "C6-ATM", "C4-TNG", "C6-TNG", "C7-TNG", "C9-TNG", "C6-AVN", "C6-KNL",
+              "C6-BXT", "C7s-BXT", "C8-BXT", "C9-BXT", "C10-BXT", "C6-DNV", "C6", "C6P", "C6S", "C6SP", "C10", "C2_ACPI",
+              "C3_ACPI", "C2", "C3"]
+
+
+@pytest.mark.parametrize("name", HALT_NAMES)
+def test_halt_class_names(name):
+    assert _cpu_idle.is_shallow({"name": name, "desc": "MWAIT 0x00"})
+
+
+@pytest.mark.parametrize("name", DEEP_NAMES)
+def test_deep_names(name):
+    assert not _cpu_idle.is_shallow({"name": name, "desc": "MWAIT 0x20"})
+
+
+def test_poll_is_shallow_by_name_or_desc():
+    assert _cpu_idle.is_shallow({"name": "POLL", "desc": ""}) and _cpu_idle.is_poll({"name": "x", "desc": "CPUIDLE CORE POLL IDLE"})

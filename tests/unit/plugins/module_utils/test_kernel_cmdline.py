@@ -78,6 +78,8 @@ def test_param_key_matches_as_the_kernel_does(token, key):
 @pytest.mark.parametrize("values", [
     ["isolcpus=domain,managed_irq,2-3", "nohz_full=2-3", "rcu_nocbs=2-3", "irqaffinity=0-1"],
     ["isolcpus=nohz,domain,managed_irq,2-3,8"], ["isolcpus=2-3"], ["rcu_nocbs"], ["nohz_full=0-15:2/4"],
+    # What the kernel's cpulist parser also takes (issue 29, class 4): N as the last CPU, all, empty items.
+    ["nohz_full=1-N", "rcu_nocbs=all", "irqaffinity=0,,1", "isolcpus=domain,4-N:1/2"],
     ["nosmt", "mitigations=off", "console=ttyS0,115200n8", "crashkernel=512M-2G:64M,2G-:128M", "foo="],
 ])
 def test_good_parameters_pass(values):
@@ -100,8 +102,9 @@ def test_good_parameters_pass(values):
     (["isolcpus=domain"], ["no CPU list"]),
     (["isolcpus=domain,3-2"], ["'3-2'", "not a CPU list"]),
     (["nohz_full=2-x"], ["'2-x'", "nohz_full"]),
-    (["rcu_nocbs=all"], ["'all'", "rcu_nocbs"]),
-    (["irqaffinity=1-N"], ["'1-N'", "irqaffinity"]),
+    (["rcu_nocbs=alll"], ["'alll'", "rcu_nocbs"]),        # the kernel's own refusals (lib/test_bitmap.c): alll,
+    (["irqaffinity=1-M"], ["'1-M'", "irqaffinity"]),        # a letter other than N,
+    (["nohz_full=4:1/2"], ["'4:1/2'", "nohz_full"]),        # a group after a single CPU
     (["nohz_full"], ["nohz_full needs a CPU list"]),
     (["nohz_full="], ["CPU list is empty"]),
 ])

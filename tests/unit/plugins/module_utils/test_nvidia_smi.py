@@ -66,7 +66,31 @@ def test_v13_remapped_rows_and_tlimit_only_temperature():
     assert gpu["remapped_rows"] == {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
     assert gpu["persistence_mode"] is True
     statuses = {f["check"]: f["status"] for f in gpu_findings({"gpus": [gpu]})}
-    assert statuses["remapped_rows"] == "pass" and statuses["temperature"] == "not_applicable"
+    assert statuses["remapped_rows"] == "pass" and statuses["temperature"] == "pass"
+    assert gpu["temperature"]["tlimit"] == 49 and gpu["temperature"]["slowdown_tlimit"] == -2
+
+
+# Issue 29, class 2: a driver that reports only the T.Limit form (DTD v13, the telegraf RTX 4000 Ada capture) is judged
+# on the margin; before, the check said not_applicable and an overheating GPU never failed.
+@pytest.mark.parametrize("margin,status", [("49 C", "pass"), ("0 C", "warn"), ("-2 C", "fail"), ("-5 C", "fail")])
+def test_tlimit_only_temperature_is_judged(margin, status):
+    found = _derived([("<gpu_temp_tlimit>49 C</gpu_temp_tlimit>", "<gpu_temp_tlimit>%s</gpu_temp_tlimit>" % margin)])
+    assert found["temperature"]["status"] == status, found["temperature"]
+    if status == "fail":
+        assert "slowdown margin -2 C" in found["temperature"]["message"] and found["temperature"]["fix"]
+
+
+def test_both_forms_absolute_wins_and_tlimit_without_threshold_is_not_applicable():
+    # Both forms present (a v12 capture with the absolute thresholds plus a T.Limit margin): the absolute one decides.
+    found = _derived([("<gpu_temp_tlimit>N/A</gpu_temp_tlimit>", "<gpu_temp_tlimit>-3 C</gpu_temp_tlimit>")],
+                     "telegraf_a100-sxm4-v12.xml")
+    assert found["temperature"]["status"] == "pass" and "slowdown threshold 89 C" in found["temperature"]["message"]
+    found = _derived([("<gpu_temp>27 C</gpu_temp>", "<gpu_temp>89 C</gpu_temp>")], "telegraf_a100-sxm4-v12.xml")
+    assert found["temperature"]["status"] == "fail"
+    # A margin with no threshold to compare it with cannot be judged.
+    found = _derived([("<gpu_temp_slow_tlimit_threshold>-2 C</gpu_temp_slow_tlimit_threshold>",
+                       "<gpu_temp_slow_tlimit_threshold>N/A</gpu_temp_slow_tlimit_threshold>")])
+    assert found["temperature"]["status"] == "not_applicable"
 
 
 def _derived(replacements, name="telegraf_rtx-4000-sff-ada-v13.xml"):

@@ -381,3 +381,50 @@ def test_bad_grep_line_raises():
 def test_finding_rejects_unknown_status():
     with pytest.raises(PlatformError):
         _platform.finding("x", "ok", "message")
+
+
+# -------------------------------------------- SMT clauses (issue 29, class 3) --
+
+def test_real_capture_smt_vulnerable_is_reported(tmp_path):
+    """A node whose MDS/TAA/L1TF mitigations leave the sibling thread open warns and names them (was: pass)."""
+    text = (FIXTURES / "vulnerabilities_x86_smt_vulnerable_debian_microcode.txt").read_text()
+    dummy, sysfs = make_tree(tmp_path, vulnerabilities=text)
+    result = _platform.read_mitigations(sysfs)
+    assert result["vulnerable"] == []
+    assert result["smt_vulnerable"] == ["l1tf", "mds", "tsx_async_abort"]
+    assert result["vulnerabilities"]["mds"]["state"] == "mitigated" and result["vulnerabilities"]["mds"]["smt"] == "vulnerable"
+    found = result["findings"][0]
+    assert found["status"] == "warn"
+    assert "SMT vulnerable" in found["message"] and "l1tf, mds, tsx_async_abort" in found["message"]
+    assert "nosmt" in found["fix"]
+    assert dummy
+
+
+# Every SMT clause bugs.c prints (tests/unit/fixtures/platform/README.md, "SMT clauses").
+@pytest.mark.parametrize("text,smt", [
+    ("Mitigation: Clear CPU buffers; SMT vulnerable", "vulnerable"),
+    ("Mitigation: Clear CPU buffers; SMT disabled", "disabled"),
+    ("Mitigation: Clear CPU buffers; SMT mitigated", "mitigated"),
+    ("Mitigation: Clear CPU buffers; SMT Host state unknown", "host_state_unknown"),
+    ("Mitigation: untrained return thunk; SMT enabled with STIBP protection", "stibp"),
+    ("Mitigation: untrained return thunk; SMT vulnerable", "vulnerable"),
+    ("Mitigation: PTE Inversion; VMX: conditional cache flushes, SMT vulnerable", "vulnerable"),
+    ("Mitigation: PTE Inversion; VMX: cache flushes, SMT disabled", "disabled"),
+    ("Vulnerable; SMT vulnerable", "vulnerable"),
+    ("Mitigation: PTI", None),
+    ("Vulnerable, IBPB: disabled, STIBP: disabled", None),
+])
+def test_smt_clauses(text, smt):
+    assert _platform.smt_clause(text) == smt
+
+
+@pytest.mark.parametrize("clause,status", [("SMT vulnerable", "warn"), ("SMT disabled", "pass"), ("SMT mitigated", "pass"),
+                                           ("SMT Host state unknown", "pass")])
+def test_smt_clause_decides_the_verdict(tmp_path, clause, status):
+    dummy, sysfs = make_tree(tmp_path, vulnerabilities="/sys/devices/system/cpu/vulnerabilities/mds:Mitigation: Clear CPU "
+                                                       "buffers; %s\n" % clause)
+    found = _platform.read_mitigations(sysfs)["findings"][0]
+    assert found["status"] == status
+    if clause == "SMT Host state unknown":
+        assert "SMT state of the host unknown to this guest: mds" in found["message"]
+    assert dummy

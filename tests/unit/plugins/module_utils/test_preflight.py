@@ -497,3 +497,103 @@ def test_checkpoint_target_judges_only_the_targets_own_error(tmp_path):
     legacy["last_error"] = dict(legacy["last_error"], entry="link.pt")
     assert by_check(P.host_findings({"checkpoint": dict(result, copier_status=legacy)}))["checkpoint:target"][
         "status"] == "fail"
+
+
+# ---------------------------------------------------------------------- dcgm --
+# Issue 29 class 5: diagnostics that did not run are never a silent GO. The dcgmi tables are the real captures of
+# tests/unit/fixtures/gpu_health/dcgmi; "every GPU test skipped" is the ORNL P100 level 2 capture with its two
+# remaining "Pass - All" rows set to "Skip - All" (the pattern of DCGM#55, where a level 3 run skipped everything
+# beyond the Deployment checks; that issue's table is published truncated).
+
+DCGMI = ROOT / "tests" / "unit" / "fixtures" / "gpu_health" / "dcgmi"
+STRICT = yaml.safe_load((ROOT / "playbooks" / "files" / "preflight_policy_strict.yml").read_text())
+
+
+def _gpu_with_dcgm(tmp_path, monkeypatch, text, level=0):
+    sysfs = tmp_path / "sys"
+    dev = sysfs / "bus/pci/devices/0000:17:00.0"
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text("0x10de\n")
+    (dev / "class").write_text("0x030200\n")
+    args = dict(sysfs_path=str(sysfs), nvidia_smi_xml_path=str(SMI / "telegraf_a100-sxm4-v12.xml"), dcgm_level=level)
+    if text is not None:
+        (tmp_path / "dcgmi.txt").write_text(text)
+        args["dcgmi_output_path"] = str(tmp_path / "dcgmi.txt")
+    modharness.install_fake_exits(monkeypatch)
+    _kind, res = modharness.run(gpu_health, args)
+    return res
+
+
+def _gate(res, policy):
+    hosts = P.collect({"n1": {"results": {"gpu": res}, "error": None}}, policy)
+    found = by_check(hosts["n1"]["findings"])
+    # build_report takes GPU indexes; _nvidia_smi's per-GPU findings carry PCI bus ids (reported separately), so the
+    # report here is built from the findings without one.
+    hosts["n1"]["findings"] = [f for f in hosts["n1"]["findings"] if not isinstance(f.get("gpu"), str)]
+    return found, hosts
+
+
+def test_every_gpu_test_skipped_is_a_warning_by_default_and_fatal_when_strict(tmp_path, monkeypatch):
+    skipped = (DCGMI / "dcgm_p100_level2_skip_all_ornl_doc.txt").read_text().replace("Pass - All", "Skip - All")
+    res = _gpu_with_dcgm(tmp_path, monkeypatch, skipped)
+    found, hosts = _gate(res, POLICY)
+    dcgm = found["gpu:dcgm"]
+    assert dcgm["status"] == "warn" and dcgm["fatal"] is False
+    assert "GPU diagnostics did not run: all 6 tests beyond the Deployment checks were skipped" in dcgm["message"]
+    assert dcgm["evidence"]["gpu_tests_skipped"] == ["GPU Memory", "Diagnostic", "PCIe", "SM Performance",
+                                                     "Targeted Performance", "Targeted Power"]
+    from ansible_collections.gpunode.tuning.plugins.module_utils._cluster_report import build_report
+    report = build_report("preflight", "t", hosts, "now")
+    assert report["gate"] == "go" and "warn" in report["gate_text"]  # GO, but saying so
+    found, hosts = _gate(res, P.check_policy(STRICT))
+    assert found["gpu:dcgm"]["fatal"] is True and found["dcgm:PCIe"]["fatal"] is True
+    assert build_report("preflight", "t", hosts, "now")["gate"] == "no_go"
+
+
+def test_a_run_with_no_test_at_all_is_a_warning(tmp_path, monkeypatch):
+    text = (DCGMI / "dcgm_level1_deployment_prolog_uber_prof.txt").read_text().replace("| Pass ", "| Skip ")
+    found, _hosts = _gate(_gpu_with_dcgm(tmp_path, monkeypatch, text), POLICY)
+    assert found["gpu:dcgm"]["status"] == "warn" and "dcgmi diag ran no test: all 9 were skipped" in found["gpu:dcgm"]["message"]
+
+
+def test_real_runs_that_ran_pass_and_count_their_skips(tmp_path, monkeypatch):
+    found, _hosts = _gate(_gpu_with_dcgm(tmp_path / "a", monkeypatch,
+                                         (DCGMI / "dcgm_p100_level2_skip_all_ornl_doc.txt").read_text()), POLICY)
+    assert found["gpu:dcgm"]["status"] == "pass" and found["gpu:dcgm"]["message"].startswith("dcgmi diag ran 10 of 15 tests")
+    assert found["dcgm:Diagnostic"]["status"] == "not_applicable" and found["dcgm:Diagnostic"]["fatal"] is False
+    found, _hosts = _gate(_gpu_with_dcgm(tmp_path / "b", monkeypatch,
+                                         (DCGMI / "dcgm_level1_deployment_prolog_uber_prof.txt").read_text()), POLICY)
+    assert found["gpu:dcgm"]["status"] == "pass" and found["gpu:dcgm"]["message"] == "dcgmi diag ran 9 of 9 tests"
+
+
+def test_diagnostics_not_run_on_a_gpu_node_say_so(tmp_path, monkeypatch):
+    found, _hosts = _gate(_gpu_with_dcgm(tmp_path, monkeypatch, None, level=0), POLICY)
+    assert found["gpu:dcgm"]["status"] == "warn" and "dcgm_level 0" in found["gpu:dcgm"]["message"]
+    assert found["gpu:dcgm"]["fatal"] is False
+    found, _hosts = _gate(_gpu_with_dcgm(tmp_path / "s", monkeypatch, None, level=0), P.check_policy(STRICT))
+    assert found["gpu:dcgm"]["fatal"] is True
+
+
+def test_the_strict_policy_is_valid_and_documented():
+    policy = P.check_policy(STRICT)
+    assert {"check": "gpu:dcgm", "fatal": ["fail", "warn", "unknown", "not_applicable"]} in policy["rules"]
+    header = (ROOT / "playbooks" / "preflight.yml").read_text()
+    assert "files/preflight_policy_strict.yml" in header
+    assert "preflight_policy_strict.yml" in (ROOT / "playbooks" / "files" / "preflight_policy.yml").read_text()
+
+
+def test_per_gpu_findings_reach_every_rendering_of_the_cluster_report(tmp_path, monkeypatch):
+    """gpu_health names each GPU by its PCI bus id (nvidia-smi's own key); the cluster report took only integer
+    indexes, so a real GPU node's preflight failed building its report. The real A100 capture, the real module, the
+    default policy, then every rendering."""
+    from ansible_collections.gpunode.tuning.plugins.module_utils import _cluster_report as C
+    res = _gpu_result(tmp_path, 2, monkeypatch)
+    hosts = P.collect({"gpu-a": {"results": {"gpu": res}, "error": None}}, POLICY)
+    per_gpu = [f for f in hosts["gpu-a"]["findings"] if isinstance(f.get("gpu"), str)]
+    assert per_gpu and all(C._BUS_ID.match(f["gpu"]) for f in per_gpu)  # pylint: disable=protected-access
+    report = C.build_report("preflight", "t", hosts, "now")
+    assert "gpu 00000000:01:00.0" in C.render_junit(report)
+    assert C.render_markdown(report) and C.render_html(report) and C.render_lines(report)
+    with pytest.raises(C.ClusterReportError) as exc:
+        C.build_report("preflight", "t", {"h": {"findings": [dict(per_gpu[0], gpu="01:00.0; rm")], "error": None}}, "now")
+    assert "PCI bus id" in exc.value.details["expected"]

@@ -248,7 +248,7 @@ BAD = [
     ("isolcpus-cpulist", {"parameters": ["isolcpus=managed_irq,3-2"]}, None, ["'3-2'"]),
     ("nohz_full-cpulist", {"parameters": ["nohz_full=2-3,x"]}, None, ["'2-3,x'"]),
     ("rcu_nocbs-cpulist", {"parameters": ["rcu_nocbs=0-"]}, None, ["'0-'"]),
-    ("irqaffinity-cpulist", {"parameters": ["irqaffinity=all"]}, None, ["'all'"]),
+    ("irqaffinity-cpulist", {"parameters": ["irqaffinity=alll"]}, None, ["'alll'"]),
     ("grub-file-does-not-parse", {}, put("etc/default/grub.d/50-broken.cfg", 'GRUB_CMDLINE_LINUX="x\n'),
      ["50-broken.cfg does not parse"]),
     ("line-not-simple", {}, put("etc/default/grub.d/50-x.cfg", 'GRUB_CMDLINE_LINUX="`echo` isolcpus=1"\n'),

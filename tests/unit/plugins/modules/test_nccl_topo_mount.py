@@ -478,6 +478,46 @@ def test_nccl_log_loaded(text, path, status):
     assert T.nccl_log_loaded(text, path) == status
 
 
+def _log(name):
+    return (FIXTURES / "logs" / name).read_text()
+
+
+def test_real_log_parse_error_is_keyed_on_the_configured_file():
+    """NCCL 2.18.3 failing to parse a host-path NCCL_TOPO_FILE (fixtures/nccl_topo/logs): its "XML Parse" line
+    names no file; it is this file's error only when it follows this file's loading line."""
+    text = _log("nccl_2.18.3_host_topo_file_xml_parse.log")
+    host = "/root/rdma-bench/NCCL_GP/test2/nccl_topo.xml"
+    assert T.nccl_log_loaded(text, ["/etc/nccl/topo.xml", host]) == "parse_error"
+    assert T.nccl_log_loaded(text, host) == "parse_error"
+    assert T.nccl_log_loaded(text) == "parse_error"  # the file the log's NCCL_TOPO_FILE line names
+    # a log about another file says nothing about ours
+    assert T.nccl_log_loaded(text, "/etc/nccl/topo.xml") == "not_seen"
+
+
+def test_real_log_xml_parse_of_another_file_is_not_ours():
+    """The real RCCL log (four ranks load the host file, then build the system) followed by a parse error of the
+    graph file, and one of NCCL's default virtual topology file: neither is the configured topology file's."""
+    text = _log("rccl_4ranks_host_topo_file_loaded.log")
+    ours = "/root/rccl_topo_fixed.xml"
+    assert T.nccl_log_loaded(text, ours) == "loaded"
+    graph = text + ("macpro2019-01:254561:254699 [0] NCCL INFO NCCL_GRAPH_FILE set by environment to /root/graph.xml\n"
+                    "macpro2019-01:254561:254699 [0] graph/xml.cc:155 NCCL WARN XML Parse : expected >, got '\n'\n")
+    assert T.nccl_log_loaded(graph, ours) == "loaded"
+    other = ("h:1:2 [0] NCCL INFO Loading topology file /var/run/nvidia-topologyd/virtualTopology.xml\n"
+             "h:1:2 [0] graph/xml.cc:155 NCCL WARN XML Parse : Unexpected EOF\n") + text
+    assert T.nccl_log_loaded(other, ours) == "loaded"
+    assert T.nccl_log_loaded(text.replace("Loading topology file", "Could not open XML topology file"), ours) == "not_found"
+
+
+def test_real_log_host_path_is_loaded_through_the_module(tree):
+    """NCCL run on the host reads NCCL_TOPO_FILE=src, not the container path: the module keys on both."""
+    write(tree + "/root/rccl_topo_fixed.xml", SMALL)
+    kind, result = run(tree, src="/root/rccl_topo_fixed.xml", nccl_log=_log("rccl_4ranks_host_topo_file_loaded.log"))
+    assert kind is Exit and result["nccl_log_status"] == "loaded"
+    kind, result = run(tree, nccl_log=_log("rccl_4ranks_host_topo_file_loaded.log"))
+    assert kind is Exit and result["nccl_log_status"] == "not_seen"
+
+
 def test_nccl_log_is_reported(tree):
     kind, result = run(tree, nccl_log="x NCCL INFO Loading topology file /etc/nccl/topo.xml\n")
     assert kind is Exit and result["nccl_log_status"] == "loaded"

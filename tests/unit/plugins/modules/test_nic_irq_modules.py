@@ -43,6 +43,10 @@ def test_facts_for_the_default_route_nic(seed):
 def test_facts_give_every_cpu_set_as_a_kernel_style_cpu_list_string(seed):
     facts = run(nic_irq_facts, roots(seed))[1]["ansible_facts"]["nic_irq"]
     irq = dict((i["irq"], i) for i in facts["irqs"])
+    assert (irq[61]["affinity_list"], irq[61]["effective_affinity_list"]) == ("1", "1")
+    assert "affinity" not in irq[61] and "effective_affinity" not in irq[61]   # the compact form is the default
+    asked = run(nic_irq_facts, roots(seed, irq_affinity_format="both"))[1]["ansible_facts"]["nic_irq"]
+    irq = dict((i["irq"], i) for i in asked["irqs"])
     assert (irq[61]["affinity"], irq[61]["affinity_list"], irq[61]["effective_affinity_list"]) == ([1], "1", "1")
     assert facts["topology"]["online_list"] == "0-175" and facts["topology"]["online"] == list(range(176))
     assert facts["topology"]["isolated_list"] == "" and facts["topology"]["default_smp_affinity_list"] == "0-175"
@@ -50,14 +54,17 @@ def test_facts_give_every_cpu_set_as_a_kernel_style_cpu_list_string(seed):
     assert irq[61]["managed"] is None                                   # no debugfs in the tree: unknown
 
 
-def test_facts_on_1152_cpus_before_tuning_are_strings_with_irq_affinity_format_string(tmp_path):
+def test_facts_on_1152_cpus_before_tuning_are_compact_by_default(tmp_path):
+    """Issue 29 class 8: on an untuned 1,152-CPU node the default output is the compact one (CPU list strings for the
+    IRQs); the integer lists come only when asked for (irq_affinity_format: both)."""
     spec = treegen.large_numa(1152, 100, 64)
     for irq in spec["nics"][0]["irqs"]:
         irq["affinity"] = irq["effective"] = list(range(1152))          # the kernel's default before tuning
     tree = treegen.build_tree(tmp_path, spec)
     args = {"interface": "eth0", "procfs_path": tree.proc, "sysfs_path": tree.sys}
-    both = run(nic_irq_facts, args)[1]
-    strings = run(nic_irq_facts, dict(args, irq_affinity_format="string"))[1]
+    both = run(nic_irq_facts, dict(args, irq_affinity_format="both"))[1]
+    strings = run(nic_irq_facts, args)[1]
+    assert strings == run(nic_irq_facts, dict(args, irq_affinity_format="string"))[1]
     for result in (both, strings):
         irqs = result["ansible_facts"]["nic_irq"]["irqs"]
         assert len(irqs) == 65 and set(i["affinity_list"] for i in irqs) == {"0-1151"}
