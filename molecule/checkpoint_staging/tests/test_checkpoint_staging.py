@@ -319,7 +319,9 @@ def test_power_cut_in_the_middle_of_a_copy_loses_nothing():
     assert monitor["breaches"] == [], monitor["breaches"]
     back = labtest.wait_until(labtest.in_new_boot(NODE, boot_id), 300, step=2)
     assert back is not None, "no SSH after the reset"
-    assert ssh("findmnt -n -o FSTYPE /mnt/nfs").stdout.strip() == "nfs4"
+    # SSH can answer before the _netdev mount is up (seen under load): wait for it, as the copier's mount check does.
+    mounted = labtest.wait_until(lambda: ssh("findmnt -n -o FSTYPE /mnt/nfs", check=False).stdout.strip() == "nfs4", 120)
+    assert mounted is not None, ssh("systemctl status mnt-nfs.mount nfs-server.service", check=False).stdout
     done = labtest.wait_until(arrived([name]), 240)
     assert done is not None, state()
     journal = ssh("journalctl -b 0 -o cat -u gpunode-ckpt-copier.service").stdout
