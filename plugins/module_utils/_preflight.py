@@ -67,9 +67,15 @@ def check_policy(policy):
             raise PreflightError("policy %s check %r is not a check pattern" % (where, rule["check"]), rule=where,
                                  value=rule["check"], expected="a check id or fnmatch pattern such as gpu:* or platform:thp")
         fatal = rule["fatal"]
-        if not isinstance(fatal, list) or any(s not in FATAL_STATUSES for s in fatal):
-            raise PreflightError("policy %s fatal %r must be a list of statuses other than pass" % (where, fatal), rule=where,
-                                 value=fatal, expected="a list drawn from %s" % ", ".join(FATAL_STATUSES))
+        if not isinstance(fatal, list):
+            raise PreflightError("policy %s (check %s) fatal %r is not a list of statuses" % (where, rule["check"], fatal),
+                                 rule=where, value=fatal, expected="a list drawn from %s" % ", ".join(FATAL_STATUSES))
+        bad = [s for s in fatal if s not in FATAL_STATUSES]
+        if bad:
+            raise PreflightError("policy %s (check %s) fatal has %s, which is not a status that can be fatal; the "
+                                 "statuses are %s" % (where, rule["check"], ", ".join(repr(s) for s in bad),
+                                                      ", ".join(FATAL_STATUSES)),
+                                 rule=where, value=bad[0], expected="a list drawn from %s" % ", ".join(FATAL_STATUSES))
         rules.append({"check": rule["check"].strip(), "fatal": list(fatal)})
     return {"rules": rules}
 

@@ -133,11 +133,16 @@ def test_preflight_of_healthy_hosts_is_go_and_check_mode_changes_nothing(fleet):
 def test_a_bad_policy_stops_before_any_check(fleet):
     base, inventory = fleet
     policy = base / "policy.yml"
-    policy.write_text("rules:\n  - check: 'gpu:*'\n    fatal: [fatal]\n")
+    policy.write_text("rules:\n  - check: 'gpu:*'\n    fatal: [not_aplicable]\n")
     report_dir = base / "report-bad-policy"
-    result = run_preflight(inventory, report_dir, "-e", "preflight_policy_file=%s" % policy)
+    # Relative to the directory ansible-playbook runs in (run_preflight runs it in report_dir's parent, base), as
+    # the playbook header's example gives it.
+    assert report_dir.parent == base
+    result = run_preflight(inventory, report_dir, "-e", "preflight_policy_file=policy.yml")
     assert result.returncode != 0
-    assert "policy rules[0] fatal ['fatal'] must be a list of statuses" in result.stdout, result.stdout[-3000:]
+    # The typo is named, and so are the statuses it could have been.
+    assert ("policy rules[0] (check gpu:*) fatal has 'not_aplicable', which is not a status that can be fatal; the "
+            "statuses are") in result.stdout and "not_applicable" in result.stdout, result.stdout[-3000:]
     assert "Start sampling" not in result.stdout and not report_dir.exists()
 
 

@@ -53,7 +53,9 @@ def test_the_shipped_policy_is_valid_and_documents_every_source():
     ({"rules": [{"check": "", "fatal": []}]}, "rules[0]"),
     ({"rules": [{"check": "gpu:*", "fatal": ["fatal"]}]}, "fatal"),
     ({"rules": [{"check": "gpu:*", "fatal": "fail"}]}, "fatal"),
-    ({"rules": [{"check": "gpu:*", "fatal": ["pass"]}]}, "other than pass"),
+    ({"rules": [{"check": "gpu:*", "fatal": ["pass"]}]}, "'pass', which is not a status that can be fatal"),
+    ({"rules": [{"check": "gpu:*", "fatal": ["not_aplicable"]}]},
+     "'not_aplicable', which is not a status that can be fatal; the statuses are fail, warn, unknown, not_applicable"),
 ])
 def test_bad_policy_names_the_rule_and_value(policy, what):
     with pytest.raises(PreflightError) as exc:
