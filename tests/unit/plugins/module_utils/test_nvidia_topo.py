@@ -89,8 +89,8 @@ def test_mangled_doubled_tabs_and_spaced_header():
 
 def test_workstation_and_ansi_underlined_header():
     plain = _load("rtx3090_2gpu_nvlink_workstation.txt")
-    assert plain["gpus"][0] == {"name": "GPU0", "links": {"GPU1": "NV4"}, "cpu_affinity": set(range(24)), "numa_affinity": 0, "gpu_numa_id": None,
-                                 "unreadable": {}}
+    assert plain["gpus"][0] == {"name": "GPU0", "links": {"GPU1": "NV4"}, "cpu_affinity": set(range(24)), "numa_affinity": 0,
+                                "gpu_numa_id": None, "unreadable": {}}
     assert plain["nics"] == {} and nic_paths(plain)[1] == {"links": {}, "best_class": None, "best_nics": []}
     assert _load("SYNTHETIC_ansi_underline_header_rtx3090.txt")["gpus"] == plain["gpus"]
 
