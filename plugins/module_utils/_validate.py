@@ -293,7 +293,7 @@ def _check_value(option, value, rule):
                 check(rule, "%s[%d]" % (option, index), item)
 
 
-def check_params(params, argument_spec, special=None, prefix=""):
+def check_params(params, argument_spec, special=None, prefix="", key_prefix=""):
     """Check every string of ``params`` (as AnsibleModule converted them) against ``argument_spec``.
 
     ``special`` maps an option (``name`` or ``parent.name`` for suboptions) to a
@@ -306,7 +306,8 @@ def check_params(params, argument_spec, special=None, prefix=""):
     if unknown:
         raise ValueError("unknown rule for %s: %s" % (unknown[0], special[unknown[0]]))
     for name, spec in argument_spec.items():
-        option = prefix + name
+        option = prefix + name  # as the error names it (list items with their index)
+        key = key_prefix + name  # as ``special`` names it (parent.name)
         value = (params or {}).get(name)
         if value is None:
             continue
@@ -317,13 +318,12 @@ def check_params(params, argument_spec, special=None, prefix=""):
             for index, item in enumerate(items):
                 if isinstance(item, dict):
                     sub = "%s[%d]." % (option, index) if kind == "list" else option + "."
-                    check_params(item, spec["options"], dict((k[len(option) + 1:], v) for k, v in special.items()
-                                                             if k.startswith(option + ".")), sub)
+                    check_params(item, spec["options"], special, sub, key + ".")
             continue
         if kind == "path" or (kind == "list" and elements == "path"):
-            rule = special.get(option, "path")
+            rule = special.get(key, "path")
         elif kind in ("str", "raw") or (kind == "list" and elements in ("str", None)):
-            rule = special.get(option, "word")
+            rule = special.get(key, "word")
         else:
             continue
         _check_value(option, value, rule)

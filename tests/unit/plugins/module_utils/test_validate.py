@@ -234,3 +234,19 @@ def test_check_own_file_with_a_callable_marker(tmp_path):
     assert V.check_own_file("state_file", str(path), lambda data: b"pci_address" in data) == "own"
     with pytest.raises(V.InputError):
         V.check_own_file("state_file", str(path), lambda data: False)
+
+
+def test_a_rule_named_for_a_suboption_applies_to_it():
+    """special names suboptions as parent.name: nccl_topo_mount's verify.image ('localhost/bb:1', the lab's image)
+    takes the image rule, not the word rule (found in the lab: the word rule refused its '/')."""
+    spec = {"verify": {"type": "dict", "options": {"image": {"type": "str"}, "command": {"type": "str"}}},
+            "items": {"type": "list", "elements": "dict", "options": {"image": {"type": "str"}}}}
+    special = {"verify.image": "image", "items.image": "image"}
+    V.check_params({"verify": {"image": "localhost/bb:1", "command": "sh"}, "items": [{"image": "docker.io/x/y:2"}]},
+                   spec, special)
+    with pytest.raises(V.InputError) as exc:
+        V.check_params({"verify": {"image": "localhost/bb:1", "command": "a/b"}}, spec, special)
+    assert exc.value.details["option"] == "verify.command"
+    with pytest.raises(V.InputError) as exc:
+        V.check_params({"items": [{"image": "x;y"}]}, spec, special)
+    assert exc.value.details["option"] == "items[0].image"
