@@ -20,29 +20,10 @@ import time
 
 import pytest
 
+from ckpt_testlib import config, quiet_log
+
 from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_copier as cc
 from ansible_collections.gpunode.tuning.plugins.module_utils import _preflight as P
-
-
-def mounted(tmp_path, target):
-    """A SYNTHETIC mount table with ``target`` mounted over NFS (the test's directories are on the host's /)."""
-    path = tmp_path / "mountinfo"
-    path.write_text("22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
-                    "40 22 0:45 / %s rw,relatime shared:20 - nfs4 server:/export rw,vers=4.2,hard\n" % target)
-    return str(path)
-
-
-def config(dirs, tmp_path, **over):
-    raw = {"staging_dir": str(dirs[0]), "target_dir": str(dirs[1]), "state_file": str(tmp_path / "state" / "state.json"),
-           "retry_min": 5, "retry_max": 40, "op_timeout": 5, "mountinfo_path": mounted(tmp_path, dirs[1]),
-           "target_mount": {"point": str(dirs[1]), "fstype": "nfs4", "source": "server:/export"}}
-    raw.update(over)
-    return cc.check_config(raw)
-
-
-def quiet_log():
-    lines = []
-    return lines, lines.append
 
 
 @pytest.fixture
