@@ -586,7 +586,7 @@ def test_isolate_builds_the_parameters_and_drops_a_key_no_longer_asked_for(tmp_p
     (dict(cpus="1-7"), "1-7", ["every CPU", "no housekeeping CPU"]),
     (dict(cpus="0-1"), "0-7", ["CPU 0", "allow_cpu0"]),
     (dict(cpus="4-5", flags=["domain", "nohz_full"]), "0-7", ["isolate.flags", "managed_irq"]),
-    (dict(cpus="four"), "0-7", ["isolate.cpus 'four' is not a CPU list"]),
+    (dict(cpus="four"), "0-7", ["isolate.cpus 'four'", "is not a CPU list", "expected a CPU list"]),
 ], ids=["empty", "absent-cpus", "every-cpu", "cpu0", "bad-flag", "not-a-list"])
 def test_isolate_refuses_a_bad_set_names_it_and_writes_nothing(tmp_path, isolate, present, fragments):
     root, proc = make(tmp_path, "debian12")
