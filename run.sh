@@ -70,7 +70,8 @@ deps() {
 }
 
 step_unit() {
-    python -m pytest -q -p no:cacheprovider tests/unit tests/integration
+    # Both cores (pytest-xdist); a test file stays on one worker, so its module fixtures run once.
+    python -m pytest -q -p no:cacheprovider -n "${GPUNODE_UNIT_WORKERS:-2}" --dist loadfile tests/unit tests/integration
     local rc=$?
     # Exit code 5 means pytest collected no tests: for this suite that is a broken
     # test tree, not a pass.

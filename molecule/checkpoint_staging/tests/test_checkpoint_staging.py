@@ -8,7 +8,7 @@ over loopback: NFS v4.2, hard). The tests run in order and share the guest:
    guest watches staging and the server's own export directory;
 4. the NFS server is stopped while a second round waits: nothing moves, the copier logs the reason and retries
    with backoff; started again, everything arrives;
-5. the guest loses power (QEMU system_reset) in the middle of a 300 MB copy; after the boot the copy resumes;
+5. the guest loses power (QEMU system_reset) in the middle of a 128 MiB copy; after the boot the copy resumes;
 6. nothing is lost: every checkpoint the writer completed is on the server with its checksums, no partial is
    left, the monitor saw no breach; the counts go to counts.json;
 7. after the power cut the role is still converged (check mode: no change).
@@ -249,10 +249,10 @@ def test_checkpoints_in_every_convention_arrive_whole():
         "pairs": [[staging, server] for staging, (_m, server, _c) in PAIRS.items()], "manifest": MANIFEST,
         "out": MONITOR_OUT, "interval": 0.2})])
     jobs = [
-        {"rule": "rename", "dir": "/var/lib/ckpt-staging", "name": "ckpt-0100.pt", "mb": 120, "chunk_mb": 2, "pause": 0.1},
-        {"rule": "marker", "dir": "/var/lib/ckpt-marker", "name": "m-0100.pt", "mb": 80, "chunk_mb": 2, "pause": 0.1},
-        {"rule": "sharded", "dir": "/var/lib/ckpt-staging", "name": "ckpt-0200", "mb": 120, "shards": 4, "chunk_mb": 2, "pause": 0.1},
-        {"rule": "quiescent", "dir": "/var/lib/ckpt-quiet", "name": "q-0100.pt", "mb": 80, "chunk_mb": 2, "pause": 0.1, "gap": 3},
+        {"rule": "rename", "dir": "/var/lib/ckpt-staging", "name": "ckpt-0100.pt", "mb": 48, "chunk_mb": 2, "pause": 0.1},
+        {"rule": "marker", "dir": "/var/lib/ckpt-marker", "name": "m-0100.pt", "mb": 32, "chunk_mb": 2, "pause": 0.1},
+        {"rule": "sharded", "dir": "/var/lib/ckpt-staging", "name": "ckpt-0200", "mb": 48, "shards": 4, "chunk_mb": 2, "pause": 0.1},
+        {"rule": "quiescent", "dir": "/var/lib/ckpt-quiet", "name": "q-0100.pt", "mb": 32, "chunk_mb": 2, "pause": 0.1, "gap": 3},
     ]
     start_at = time.monotonic()
     write("lab-writer-1", jobs)
@@ -273,9 +273,9 @@ def test_nfs_outage_holds_checkpoints_and_retries():
     ssh("systemctl stop nfs-server.service")
     stopped = time.monotonic()
     jobs = [
-        {"rule": "rename", "dir": "/var/lib/ckpt-staging", "name": "ckpt-0300.pt", "mb": 40, "chunk_mb": 4, "pause": 0.05},
-        {"rule": "marker", "dir": "/var/lib/ckpt-marker", "name": "m-0200.pt", "mb": 40, "chunk_mb": 4, "pause": 0.05},
-        {"rule": "quiescent", "dir": "/var/lib/ckpt-quiet", "name": "q-0200.pt", "mb": 40, "chunk_mb": 4, "pause": 0.05, "gap": 3},
+        {"rule": "rename", "dir": "/var/lib/ckpt-staging", "name": "ckpt-0300.pt", "mb": 24, "chunk_mb": 4, "pause": 0.05},
+        {"rule": "marker", "dir": "/var/lib/ckpt-marker", "name": "m-0200.pt", "mb": 24, "chunk_mb": 4, "pause": 0.05},
+        {"rule": "quiescent", "dir": "/var/lib/ckpt-quiet", "name": "q-0200.pt", "mb": 24, "chunk_mb": 4, "pause": 0.05, "gap": 3},
     ]
     try:
         write("lab-writer-2", jobs)
@@ -307,7 +307,7 @@ def test_nfs_outage_holds_checkpoints_and_retries():
 
 
 def test_power_cut_in_the_middle_of_a_copy_loses_nothing():
-    name, size = "ckpt-0400.pt", 300
+    name, size = "ckpt-0400.pt", 128
     boot_id = ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
     write("lab-writer-3", [{"rule": "rename", "dir": "/var/lib/ckpt-staging", "name": name, "mb": size, "chunk_mb": 8, "pause": 0}])
     wait_written("lab-writer-3")
@@ -368,7 +368,7 @@ def test_trainer_attacks_are_refused_and_nothing_is_lost():
     as_trainer("ln -s /etc/shadow {s}/evil-shadow.pt && ln -s /etc/ssl {s}/evil-ssl && mkfifo {s}/evil-fifo.pt"
                .format(s=staging))
     try:
-        name, size = "ckpt-0500.pt", 96
+        name, size = "ckpt-0500.pt", 48
         put(LAB_DIR + "/rewrite.py", REWRITE)
         # The rewriter polls for the copy's partial before the checkpoint exists, so it strikes while the copy runs.
         start("lab-rewriter", ["python3", LAB_DIR + "/rewrite.py", partial_path(server, name), "%s/%s" % (staging, name),
