@@ -999,6 +999,27 @@ def personalize(inst: dict, hostname: str) -> None:
     """
     guest_ssh(inst, f"date -s @{time.time():.3f} >/dev/null && hostname {shlex.quote(hostname)} && "
                     f"echo {shlex.quote(hostname)} > /etc/hostname")
+    install_pyc_hook(inst)
+
+
+# The guest's byte-code cache for modules imported from zip archives (AnsiballZ payloads): see the file's docstring.
+# GPUNODE_LAB_PYC=0 leaves it out (for an A/B of the lab's cost).
+PYC_HOOK = HERE / "guest" / "gpunode_lab_pyc.py"
+PYC_CACHE = "/var/cache/gpunode-lab-pyc"
+
+
+def install_pyc_hook(inst: dict) -> None:
+    """Install the byte-code cache hook (a site .pth line and its module) in the guest, or remove it."""
+    site = "/usr/local/lib/python3.11/dist-packages"
+    if os.environ.get("GPUNODE_LAB_PYC", "1") == "0":
+        guest_ssh(inst, f"rm -rf {site}/gpunode_lab_pyc.pth {site}/gpunode_lab_pyc.py {PYC_CACHE}")
+        return
+    script = (f"install -d -m 0755 {site} && install -d -m 0700 -o root -g root {PYC_CACHE} && "
+              f"cat > {site}/gpunode_lab_pyc.py && echo 'import gpunode_lab_pyc' > {site}/gpunode_lab_pyc.pth")
+    res = subprocess.run(ssh_base(inst["port"], Path(inst["identity_file"])) + [script], input=PYC_HOOK.read_text(),
+                         capture_output=True, text=True, timeout=60, check=False)
+    if res.returncode != 0:
+        raise LabError(f"guest {inst['name']}: installing the byte-code cache hook failed: {res.stderr.strip()}")
 
 
 def up(name: str, shape: str, port: int | None, accel: str | None = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -269,3 +270,34 @@ def test_image_has_what_later_scenarios_need_installed_but_not_enabled(image):
 
 def test_journal_is_persistent(image):
     assert image["journal"] == "yes"
+
+
+PYC_CHECK = r"""
+import json, os, subprocess, sys, zipfile
+work = "/tmp/lab-pyc-check"
+os.makedirs(work, exist_ok=True)
+token = os.urandom(8).hex()
+src = "def f(x):\n    return (x, %r, __file__)\n" % token
+archive = os.path.join(work, "m.zip")
+with zipfile.ZipFile(archive, "w") as zf:
+    zf.writestr("labpyc_%s.py" % token, src)
+probe = "import sys; sys.path.insert(0, %r); import labpyc_%s as m; print(repr(m.f(1)))" % (archive, token)
+before = set(os.listdir("/var/cache/gpunode-lab-pyc"))
+first = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+added = set(os.listdir("/var/cache/gpunode-lab-pyc")) - before
+second = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+nobody = subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-c", probe], capture_output=True, text=True).stdout
+mode = oct(os.stat("/var/cache/gpunode-lab-pyc").st_mode & 0o777)
+print(json.dumps({"first": first, "second": second, "nobody": nobody, "added": len(added), "mode": mode, "token": token}))
+"""
+
+
+def test_zip_imports_keep_their_byte_code_and_behave_the_same(host):
+    """The lab's byte-code cache for AnsiballZ payloads (tests/lab/guest/gpunode_lab_pyc.py): a module imported
+    from a zip archive is compiled once and cached under root's 0700 directory; the cached import behaves exactly
+    like the first one, and a process that cannot use the cache (nobody) imports it as usual."""
+    out = json.loads(host.check_output("python3 -c %s" % shlex.quote(PYC_CHECK)))
+    assert out["added"] == 1, out
+    assert out["first"] == out["second"] == out["nobody"] and out["token"] in out["first"], out
+    assert "m.zip/labpyc_" in out["first"], out
+    assert out["mode"] == "0o700", out
