@@ -22,17 +22,20 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import for
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
     DEFAULT_THRESHOLDS,
     RULES,
+    describe_findings,
     describe_rules,
     format_number,
 )
 
 # Worst first. "failed" (the check did not run or failed) sorts before
-# inconclusive: a person must look at it.
-VERDICT_ORDER = ("contention", "failed", "inconclusive", "no_contention")
+# inconclusive: a person must look at it. "idle" (no user work, no traffic:
+# nothing could be judged) sorts before no_contention: run it again under load.
+VERDICT_ORDER = ("contention", "failed", "inconclusive", "idle", "no_contention")
 VERDICT_TEXT = {
     "contention": "contention",
     "failed": "check failed",
     "inconclusive": "inconclusive",
+    "idle": "idle",
     "no_contention": "no contention",
 }
 
@@ -69,6 +72,8 @@ def _host_entry(name, data):
         "driver": softnet.get("driver") or nic.get("driver"),
         "irq_cpus": list(softnet.get("irq_cpus") or []),
         "irq_cpus_source": softnet.get("irq_cpus_source"),
+        "irq_cpus_affinity": softnet.get("irq_cpus_affinity"),
+        "findings": list(softnet.get("findings") or []),
         "hot_cpus": list(softnet.get("hot_cpus") or []),
         "non_irq_squeeze_cpus": list(softnet.get("non_irq_squeeze_cpus") or []),
         "interval": softnet.get("interval"),
@@ -103,9 +108,10 @@ def _rules(hosts):
         if entry["verdict"] != "failed" and limits and limits not in used:
             used.append(limits)
     if len(used) > 1:
-        return {"thresholds": None, "rules": describe_rules(placeholder="%s")}
+        return {"thresholds": None, "rules": describe_rules(placeholder="%s"),
+                "findings": describe_findings(placeholder="%s")}
     thresholds = dict(DEFAULT_THRESHOLDS, **(used[0] if used else {}))
-    return {"thresholds": thresholds, "rules": describe_rules(thresholds)}
+    return {"thresholds": thresholds, "rules": describe_rules(thresholds), "findings": describe_findings(thresholds)}
 
 
 def _rule_number(name):
@@ -115,7 +121,7 @@ def _rule_number(name):
 
 
 def diagnose_collect(results, generated_at=""):
-    """One report from per-host results, hosts worst first (contention, failed, inconclusive, no contention;
+    """One report from per-host results, hosts worst first (contention, failed, inconclusive, idle, no contention;
     then more squeezes first; then by name), with softnet_check's verdict table."""
     if not isinstance(results, dict):
         raise AnsibleFilterError("diagnose_collect expects a dict host -> {softnet, nic}, got %s" % type(results).__name__)
@@ -130,10 +136,41 @@ def diagnose_collect(results, generated_at=""):
 def _rules_intro(report):
     rules = report.get("verdict_rules") or _rules(report["hosts"])
     text = ("softnet_check tries these rules in order; the first whose condition holds gives the verdict. "
-            "Squeeze thresholds are per 10 s, scaled to each host's sample.")
+            "A shared CPU is an IRQ CPU with softirq and user work at or above their thresholds; squeeze rates are "
+            "per CPU, per second of each host's sample.")
     if rules["thresholds"] is None:
         text += " The hosts used different thresholds: each host's are in cluster.json (softnet.thresholds)."
     return rules["rules"], text
+
+
+def _rule_findings(report):
+    rules = report.get("verdict_rules") or _rules(report["hosts"])
+    return rules.get("findings") or describe_findings(placeholder="%s")
+
+
+def _finding_text(finding):
+    return "%s: %s. Remedy: %s" % (finding.get("title"), finding.get("reason"), finding.get("remedy"))
+
+
+def _irq_source(entry):
+    source = entry["irq_cpus_source"]
+    if not source:
+        return None
+    text = "IRQ CPUs from %s" % source
+    if source == "interrupts" and entry.get("irq_cpus_affinity") is not None:
+        text += " (affinity files: %s)" % (_cpulist(entry["irq_cpus_affinity"]) or "none")
+    return text
+
+
+def _host_notes(entry):
+    """The notes under a host, one source for the Markdown and the HTML: the check's own notes (among them a NIC
+    whose firmware gives no NUMA hint, numa_node -1) and, when the link speed is unknown, what to set."""
+    notes = list(entry["notes"])
+    if entry["verdict"] != "failed" and entry["interface"] and not entry["link_speed_mbps"]:
+        notes.append("link speed of %s is unknown (its sysfs speed is -1 or missing, as on virtio and some VFs): link "
+                     "use cannot be judged; set diagnose_link_speed_mbps (softnet_check's link_speed_mbps) to the "
+                     "NIC's speed in Mbit/s" % entry["interface"])
+    return notes
 
 
 def _decided_by(entry):
@@ -154,7 +191,8 @@ def diagnose_lines(report, limit=10):
     lines = [diagnose_summary(report)]
     for entry in report["hosts"][: int(limit)]:
         lines.append("%s: %s: %s" % (entry["host"], VERDICT_TEXT.get(entry["verdict"], entry["verdict"]),
-                                     "; ".join(entry["reasons"])))
+                                     "; ".join(entry["reasons"] + ["finding: " + _finding_text(finding)
+                                                                   for finding in entry["findings"]])))
     more = len(report["hosts"]) - int(limit)
     if more > 0:
         lines.append("... and %d more host%s in the report" % (more, "" if more == 1 else "s"))
@@ -181,6 +219,10 @@ def diagnose_markdown(report):
     lines += ["", "## How the verdict is decided", "", intro, "", "| rule | when | verdict |", "|---|---|---|"]
     for rule in rules:
         lines.append("| %d | %s | %s |" % (rule["number"], _md_escape(rule["condition"]), VERDICT_TEXT[rule["verdict"]]))
+    lines += ["", "Reported beside the verdict, whatever it is:", "", "| finding | when | remedy |", "|---|---|---|"]
+    for finding in _rule_findings(report):
+        lines.append("| %s | %s | %s |" % (_md_escape(finding["title"]), _md_escape(finding["condition"]),
+                                           _md_escape(finding["remedy"])))
     lines += [
         "",
         "## Hosts, worst first",
@@ -211,8 +253,8 @@ def diagnose_markdown(report):
             detail.append("PCI %s" % entry["pci_address"])
         if entry["driver"]:
             detail.append("driver %s" % entry["driver"])
-        if entry["irq_cpus_source"]:
-            detail.append("IRQ CPUs from %s" % entry["irq_cpus_source"])
+        if _irq_source(entry):
+            detail.append(_irq_source(entry))
         if entry["interval"] is not None:
             detail.append("sampled over %s s" % _num(entry["interval"], 3))
         if _decided_by(entry):
@@ -220,8 +262,9 @@ def diagnose_markdown(report):
         if detail:
             lines += [", ".join(detail) + ".", ""]
         lines += ["- %s" % _md_escape(reason) for reason in entry["reasons"]]
-        if entry["notes"]:
-            lines += [""] + ["- note: %s" % _md_escape(note) for note in entry["notes"]]
+        lines += ["- **finding**: %s" % _md_escape(_finding_text(finding)) for finding in entry["findings"]]
+        if _host_notes(entry):
+            lines += [""] + ["- note: %s" % _md_escape(note) for note in _host_notes(entry)]
     return "\n".join(lines) + "\n"
 
 
@@ -231,7 +274,8 @@ h1{font-size:1.4em}h2{font-size:1.15em;margin:1.4em 0 .3em}
 .counts span{display:inline-block;margin-right:1em}
 .badge{display:inline-block;padding:.1em .5em;border-radius:.3em;font-weight:600;color:#fff}
 .v-contention{background:#b3261e}.v-failed{background:#6b4e00}.v-inconclusive{background:#8a6d00}
-.v-no_contention{background:#1e6b35}
+.v-no_contention{background:#1e6b35}.v-idle{background:#4a5a6a}
+ul.findings{margin:.2em 0 .5em 1.2em;padding:0;color:#6b4e00}
 .legend{border:1px solid #ccc;padding:.5em .8em;margin:1em 0;font-size:.9em}
 .legend .cpu{vertical-align:middle}
 .strip{display:flex;flex-wrap:wrap;gap:3px;margin:.4em 0 .8em}
@@ -244,7 +288,7 @@ h1{font-size:1.4em}h2{font-size:1.15em;margin:1.4em 0 .3em}
 .cpu .mark{font-weight:700;font-size:.9em;margin-left:.2em}
 .cpu .mark.irq{color:#1a4fd6}.cpu .mark.hot{color:#b3261e}
 .cpu.offline{opacity:.45}
-ul.reasons{margin:.2em 0 .5em 1.2em;padding:0}
+ul.reasons,ul.notes{margin:.2em 0 .5em 1.2em;padding:0}
 table.hosts,table.rules{border-collapse:collapse;font-size:.9em}
 table.hosts td,table.hosts th,table.rules td,table.rules th{border:1px solid #ccc;padding:.2em .5em;text-align:left}
 """
@@ -347,6 +391,12 @@ def diagnose_html(report):
         out.append('<tr data-rule="%s"><td>%d</td><td>%s</td><td><span class="badge v-%s">%s</span></td></tr>' % (
             esc(rule["name"]), rule["number"], esc(rule["condition"]), esc(rule["verdict"]),
             esc(VERDICT_TEXT[rule["verdict"]])))
+    out.append("</table>")
+    out.append('<p>Reported beside the verdict, whatever it is:</p><table class="rules findings">'
+               "<tr><th>finding</th><th>when</th><th>remedy</th></tr>")
+    for finding in _rule_findings(report):
+        out.append('<tr data-finding="%s"><td>%s</td><td>%s</td><td>%s</td></tr>' % (
+            esc(finding["name"]), esc(finding["title"]), esc(finding["condition"]), esc(finding["remedy"])))
     out.append("</table></section>")
     for entry in report["hosts"]:
         irq_cpus = set(entry["irq_cpus"])
@@ -361,12 +411,21 @@ def diagnose_html(report):
             if entry[key]:
                 facts.append("%s %s" % (label, entry[key]))
         facts.append("IRQ CPUs %s" % (_cpulist(entry["irq_cpus"]) or "none"))
+        if _irq_source(entry):
+            facts.append(_irq_source(entry))
         if entry["link_speed_mbps"]:
             facts.append("link %s Mbit/s" % _num(entry["link_speed_mbps"]))
         if _decided_by(entry):
             facts.append(_decided_by(entry))
         out.append("<p>%s</p>" % esc(", ".join(facts)))
         out.append('<ul class="reasons">%s</ul>' % "".join("<li>%s</li>" % esc(r) for r in entry["reasons"]))
+        if entry["findings"]:
+            out.append('<ul class="findings">%s</ul>' % "".join(
+                '<li data-finding="%s"><strong>%s</strong>: %s. Remedy: %s</li>' % (
+                    esc(f.get("name") or ""), esc(f.get("title") or ""), esc(f.get("reason") or ""),
+                    esc(f.get("remedy") or "")) for f in entry["findings"]))
+        if _host_notes(entry):
+            out.append('<ul class="notes">%s</ul>' % "".join("<li>note: %s</li>" % esc(n) for n in _host_notes(entry)))
         if entry["cpus"]:
             out.append('<div class="strip">%s</div>' % "".join(_cell(row, irq_cpus, hot_cpus) for row in entry["cpus"]))
         out.append("</section>")

@@ -35,7 +35,8 @@ SOURCES = ("platform", "gpu", "cpu_power", "nic", "softnet", "nccl", "checkpoint
 # The default policy is playbooks/files/preflight_policy.yml (documented there); a unit test checks it.
 # A failed module (its error message) is fatal whatever the policy says: a check that did not run cannot pass a gate.
 CPU_POWER_STATUS = {"pass": "pass", "fail": "fail", "not_visible": "not_applicable", "unknown": "unknown"}
-SOFTNET_STATUS = {"no_contention": "pass", "contention": "fail", "inconclusive": "unknown"}
+# idle: no user work and no traffic, nothing could be judged (a node before its job starts): not applicable.
+SOFTNET_STATUS = {"no_contention": "pass", "contention": "fail", "inconclusive": "unknown", "idle": "not_applicable"}
 # The roles' report facts, in tune.yml's order, and what in each is a change.
 DRIFT_ROLES = ("nic_irq_pinning", "irqbalance", "isolcpus", "cpusets", "cpu_power", "slurm_cpuspec", "nccl_topology",
                "checkpoint_staging")
@@ -122,9 +123,15 @@ def _softnet(result):
     if status == "fail":
         fix = "pin the NIC queue IRQs to dedicated CPUs and fence the workload off them (tune.yml: nic_irq_pinning, cpusets)"
     evidence = {"verdict_rule": result.get("verdict_rule"), "irq_cpus": result.get("irq_cpus"), "hot_cpus": result.get("hot_cpus"),
-                "totals": result.get("totals")}
-    return [finding("softnet:contention", status, "%s: %s" % (verdict or "no verdict", "; ".join(reasons) or "no reasons"),
-                    evidence=evidence, fix=fix)]
+                "irq_cpus_source": result.get("irq_cpus_source"), "totals": result.get("totals")}
+    out = [finding("softnet:contention", status, "%s: %s" % (verdict or "no verdict", "; ".join(reasons) or "no reasons"),
+                   evidence=evidence, fix=fix)]
+    # IRQ CPUs saturated by packet rate: reported beside the verdict (warn), with its own remedy.
+    for item in result.get("findings") or []:
+        if item.get("name") == "irq_cpus_saturated":
+            out.append(finding("softnet:irq_saturation", "warn", "%s: %s" % (item.get("title"), item.get("reason")),
+                               evidence={"cpus": item.get("cpus")}, fix=item.get("remedy")))
+    return out
 
 
 def _nic(result):
@@ -430,45 +437,116 @@ def collect(results, policy):
 
 # --------------------------------------------------------------------- drift --
 
-def _changes(report):
-    """Every planned change in one role's report fact, as text lines."""
-    lines = []
+# The collection's own library as nic_irq_persist and checkpoint_staging install it (lib_dir/ansible_collections/...,
+# its manifest and the bytecode Python wrote): summarised in one line of the drift report, never listed file by file.
+LIBRARY_MARK = "/ansible_collections/"
+LIBRARY_MANIFEST = ".gpunode-tuning-installed.json"
+# The drift report's order: what changes how the node runs first, the files that carry it after.
+CHANGE_KINDS = ("irq", "value", "unit", "file", "library")
+
+
+def _library_dir(path):
+    """The lib_dir of a library file of the collection, or None for any other path."""
+    if LIBRARY_MARK in path:
+        return path.split(LIBRARY_MARK, 1)[0] or "/"
+    if path.rsplit("/", 1)[-1] == LIBRARY_MANIFEST:
+        return path.rsplit("/", 1)[0] or "/"
+    return None
+
+
+def _change_kinds(report, kinds):
+    """Every planned change in one role's report fact, sorted into ``kinds`` ({kind: [line or file action]})."""
     if not isinstance(report, dict):
-        return lines
+        return
     for item in report.get("files") or []:
         if isinstance(item, str):
             # slurm_cpuspec lists the files it changes (would change) by name.
-            lines.append("change %s" % item)
+            kinds["file"].append("change %s" % item)
         elif isinstance(item, dict) and item.get("action", "unchanged") != "unchanged":
-            lines.append("%s %s%s" % (item["action"], item.get("path"), (" (%s)" % item["reason"]) if item.get("reason") else ""))
+            if _library_dir(str(item.get("path"))) is not None:
+                kinds["library"].append(item)
+            else:
+                kinds["file"].append("%s %s%s" % (item["action"], item.get("path"),
+                                                  (" (%s)" % item["reason"]) if item.get("reason") else ""))
     for item in report.get("drift") or []:
-        lines.append("IRQ %s" % item)
+        kinds["irq"].append("IRQ %s" % item)
     for item in report.get("writes") or []:
-        lines.append("write %s: %s -> %s" % (item.get("path"), item.get("before"), item.get("after")))
+        kinds["value"].append("write %s: %s -> %s" % (item.get("path"), item.get("before"), item.get("after")))
     for key in ("systemd", "systemctl"):
         for item in report.get(key) or []:
-            lines.append("%s %s" % (key, item))
+            kinds["unit"].append("%s %s" % (key, item))
     if report.get("restart"):
-        lines.append("restart the service")
+        kinds["unit"].append("restart the service")
     settings = report.get("settings")
     if isinstance(settings, dict):
-        lines.extend(_changes(settings))
-        lines.extend(_changes(settings.get("kernel_cmdline")))
+        _change_kinds(settings, kinds)
+        _change_kinds(settings.get("kernel_cmdline"), kinds)
+
+
+def _library_line(items):
+    """One line for every library file change: the count, where, and how many of each action."""
+    dirs = sorted(set(_library_dir(str(item.get("path"))) for item in items))
+    actions = {}
+    for item in items:
+        actions[item["action"]] = actions.get(item["action"], 0) + 1
+    return "%d library file%s of the collection under %s (%s)" % (
+        len(items), "" if len(items) == 1 else "s", ", ".join(dirs),
+        ", ".join("%s %d" % (action, actions[action]) for action in sorted(actions)))
+
+
+def _changes(report):
+    """Every planned change in one role's report fact, as text lines: IRQ moves, values, units, files, then the
+    collection's library in one line."""
+    kinds = dict((kind, []) for kind in CHANGE_KINDS)
+    _change_kinds(report, kinds)
+    lines = kinds["irq"] + kinds["value"] + kinds["unit"] + kinds["file"]
+    if kinds["library"]:
+        lines.append(_library_line(kinds["library"]))
     return lines
+
+
+def _file_actions(report, out):
+    """Every changed file's action in one role's report fact (nested settings too), as (action, reason)."""
+    if not isinstance(report, dict):
+        return out
+    for item in report.get("files") or []:
+        if isinstance(item, str):
+            out.append(("change", ""))
+        elif isinstance(item, dict) and item.get("action", "unchanged") != "unchanged":
+            out.append((item["action"], item.get("reason") or ""))
+    settings = report.get("settings")
+    if isinstance(settings, dict):
+        _file_actions(settings, out)
+        _file_actions(settings.get("kernel_cmdline"), out)
+    return out
+
+
+def never_tuned(report):
+    """True when the role has installed nothing yet: it plans files and every one is a create of a missing file
+    (a node tune.yml never ran on, not a node someone changed)."""
+    actions = _file_actions(report, [])
+    return bool(actions) and all(action == ("create", "missing") for action in actions)
 
 
 def drift_findings(reports):
     """One finding per role that ran (``{role: its report fact}``, DRIFT_ROLES order): pass when in sync, warn with
-    every planned change; ``fatal`` true on drift (the drift report's gate says DRIFT)."""
+    every planned change (IRQ moves, values and units first, the library in one line); ``fatal`` true on drift (the
+    drift report's gate says DRIFT). A role that has installed nothing yet says "not tuned yet", not drift."""
     out = []
     for role in DRIFT_ROLES:
         report = reports.get(role)
         if report is None or isinstance(report, str):
             continue
         lines = _changes(report)
-        if lines:
-            out.append(dict(finding(role, "warn", "%d change(s): %s" % (len(lines), "; ".join(lines)), evidence=lines,
-                                    fix="run tune.yml without --check to apply, or find who changed the host"), fatal=True))
+        if lines and never_tuned(report):
+            message = "not tuned yet: %d change(s) to make: %s" % (len(lines), "; ".join(lines))
+            out.append(dict(finding(role, "warn", message, evidence=lines,
+                                    fix="run tune.yml without --check to tune this node"), fatal=True))
+        elif lines:
+            message = "drift: %d change(s): %s" % (len(lines), "; ".join(lines))
+            out.append(dict(finding(role, "warn", message, evidence=lines,
+                                    fix="run tune.yml without --check to put it back, then find who or what changed "
+                                        "the host (a package update, a hand edit, another tool)"), fatal=True))
         else:
             out.append(dict(finding(role, "pass", "in sync", evidence=None), fatal=False))
     return out

@@ -9,15 +9,24 @@ imports. softnet_check in four parts, one concern each:
 
 * ``_softnet_procfs``: read and parse ``/proc/net/softnet_stat``,
   ``/proc/stat``, ``/proc/softirqs`` and ``/proc/net/dev`` (``read_sample``
-  takes one snapshot, all files read back to back); ``SoftnetError``.
+  takes one snapshot, all files and ``/proc/interrupts`` read back to back);
+  ``SoftnetError``.
 * ``_softnet_signals`` (pure): counter deltas, mpstat's arithmetic,
   ``compute_signals`` (two snapshots -> per-CPU and link numbers).
 * ``_softnet_verdict`` (pure): the thresholds and the verdict as a table of
   rules (``RULES``, ``judge``, ``describe_rules``).
 * this module, the orchestration: the module's options, the IRQ CPUs of the
-  NIC (``_nic.read_nic``, the same code ``nic_irq_facts`` uses) and
-  ``run_check``, which ties them together for the ``softnet_check`` module.
-  It never writes anything.
+  NIC and ``run_check``, which ties them together for the ``softnet_check``
+  module. It never writes anything.
+
+The IRQ CPUs are where the NIC's queue IRQs really fired during the sampling
+window: the CPUs whose ``/proc/interrupts`` counts of those IRQs grew between
+the two samples (``irq_cpus_fired``). ``effective_affinity_list`` lags behind
+a new pin until each IRQ fires again (seed 000, step 3 note), so a pin made a
+second before the window is seen at once only this way. When no queue IRQ
+fired, the affinity files (``_nic.read_nic``, the same code ``nic_irq_facts``
+uses: effective affinity, else ``smp_affinity_list``) are the fallback. Both
+are reported, with the source used.
 """
 
 from __future__ import annotations
@@ -29,9 +38,10 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import (
     format_cpulist,
     parse_cpulist,
 )
+from ansible_collections.gpunode.tuning.plugins.module_utils._interrupts import InterruptsError, parse_interrupts
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_KEYS, NicError, read_nic
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_procfs import SoftnetError, read_sample
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_signals import compute_signals
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_signals import compute_signals, delta_u32
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
     DEFAULT_THRESHOLDS,
     judge,
@@ -71,6 +81,34 @@ def irq_cpus_from_nic(nic):
         )
     source = sources.pop() if len(sources) == 1 else "mixed"
     return sorted(cpus), source, notes
+
+
+def irq_cpus_fired(nic, first_text, second_text):
+    """CPUs on which the NIC's queue IRQs fired between two ``/proc/interrupts`` texts.
+
+    Returns ``(cpus, notes)``; ``cpus`` is None when it cannot be told (no
+    queue IRQs, a file missing or unparsable), else the sorted CPUs whose count
+    of at least one queue IRQ grew (u32 counters, a wrap is handled). A CPU
+    column present in only one of the texts (hotplug) is skipped.
+    """
+    keys = [str(irq["irq"]) for irq in (nic or {}).get("irqs") or [] if irq.get("kind") == "queue"]
+    if not keys:
+        return None, []
+    if first_text is None or second_text is None:
+        return None, ["/proc/interrupts could not be read: the IRQ CPUs come from the affinity files"]
+    try:
+        first = parse_interrupts(first_text, keys=keys)
+        second = parse_interrupts(second_text, keys=keys)
+    except InterruptsError as exc:
+        return None, ["/proc/interrupts is not parsable (%s): the IRQ CPUs come from the affinity files" % exc]
+    fired = set()
+    for key in keys:
+        if key not in first["irqs"] or key not in second["irqs"]:
+            continue
+        before = dict(zip(first["cpus"], first["irqs"][key]["counts"]))
+        after = dict(zip(second["cpus"], second["irqs"][key]["counts"]))
+        fired.update(cpu for cpu in after if cpu in before and delta_u32(before[cpu], after[cpu]) > 0)
+    return sorted(fired), []
 
 
 def parse_irq_cpus_option(value):
@@ -114,7 +152,8 @@ def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep,
     ``interval``, the thresholds, ``link_speed_mbps``). Reads only. Raises
     SoftnetError for bad options or unreadable proc files, and NicError when
     an explicit selector matches no usable NIC. Without a selector, a missing
-    default-route NIC degrades to an ``inconclusive`` verdict instead.
+    default-route NIC degrades to an ``inconclusive`` verdict instead (or
+    ``idle`` on a host without load or traffic).
     """
     interval, irq_option, thresholds, speed_option = validate_options(options)
     selector = dict((key, options.get(key)) for key in SELECTOR_KEYS if options.get(key) not in (None, ""))
@@ -133,14 +172,37 @@ def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep,
 
     topology = read_topology(sysfs=sysfs, procfs=procfs)
     online = topology["online"]
+    affinity_cpus, affinity_source, affinity_notes = irq_cpus_from_nic(nic)
+    interface = nic["interface"] if nic else None
+    speed = speed_option if speed_option is not None else (nic or {}).get("speed_mbps")
+
+    first = read_sample(procfs, clock=clock)
+    sleep(interval)
+    second = read_sample(procfs, clock=clock)
+
+    fired, fired_notes = irq_cpus_fired(nic, first.get("interrupts"), second.get("interrupts"))
+    notes.extend(fired_notes)
     if irq_option is not None:
         irq_cpus, source = irq_option, "option"
         offline = sorted(set(irq_cpus) - set(online))
         if offline:
             notes.append("irq_cpus %s are not online" % format_cpulist(offline))
+    elif fired:
+        irq_cpus, source = fired, "interrupts"
+        if set(fired) != set(affinity_cpus):
+            notes.append(
+                "the queue IRQs of %s fired on CPUs %s during the sample; their affinity files say %s "
+                "(effective_affinity_list follows a new pin only when each IRQ fires again)"
+                % (interface, format_cpulist(fired), format_cpulist(affinity_cpus) or "nothing")
+            )
     else:
-        irq_cpus, source, irq_notes = irq_cpus_from_nic(nic)
-        notes.extend(irq_notes)
+        irq_cpus, source = affinity_cpus, affinity_source
+        notes.extend(affinity_notes)
+        if fired is not None and affinity_cpus:
+            notes.append(
+                "no queue IRQ of %s fired during the sample: the IRQ CPUs %s come from the affinity files"
+                % (interface, format_cpulist(affinity_cpus))
+            )
         if not irq_cpus and nic is not None:
             queue_count = len([irq for irq in nic.get("irqs") or [] if irq.get("kind") == "queue"])
             why = "%s (%s) shows %d queue IRQs%s" % (
@@ -149,12 +211,6 @@ def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep,
                 queue_count,
                 "" if nic.get("pci_address") else ", it has no PCI function",
             )
-    interface = nic["interface"] if nic else None
-    speed = speed_option if speed_option is not None else (nic or {}).get("speed_mbps")
-
-    first = read_sample(procfs, clock=clock)
-    sleep(interval)
-    second = read_sample(procfs, clock=clock)
 
     online_after = read_topology(sysfs=sysfs, procfs=procfs)["online"]
     if online_after != online:
@@ -185,8 +241,13 @@ def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep,
         "irq_cpus": list(irq_cpus),
         "irq_cpulist": format_cpulist(irq_cpus),
         "irq_cpus_source": source,
+        "irq_cpus_fired": fired,
+        "irq_cpus_affinity": list(affinity_cpus),
+        "irq_cpus_affinity_source": affinity_source,
+        "findings": verdict["findings"],
         "hot_cpus": verdict["hot_cpus"],
         "busy_irq_cpus": verdict["busy_irq_cpus"],
+        "contended_cpus": verdict["contended_cpus"],
         "non_irq_squeeze_cpus": verdict["non_irq_squeeze_cpus"],
         "online_cpus": list(online),
         "interval_requested": interval,

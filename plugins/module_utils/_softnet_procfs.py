@@ -266,9 +266,9 @@ def _read_text(path, required=True):
 def read_sample(procfs="/proc", clock=time.monotonic):
     """One snapshot: the raw text of every signal, read back to back.
 
-    Parsing happens later (``compute_signals``) so that the four reads sit as
-    close together as possible. ``softirqs`` and ``net_dev`` are None when
-    the file is missing.
+    Parsing happens later (``compute_signals``, ``_softnet.irq_cpus_fired``) so
+    that the five reads sit as close together as possible. ``softirqs``,
+    ``net_dev`` and ``interrupts`` are None when the file is missing.
     """
     started = clock()
     sample = {
@@ -276,6 +276,8 @@ def read_sample(procfs="/proc", clock=time.monotonic):
         "stat": _read_text(os.path.join(procfs, "stat")),
         "softirqs": _read_text(os.path.join(procfs, "softirqs"), required=False),
         "net_dev": _read_text(os.path.join(procfs, "net", "dev"), required=False),
+        # Where the NIC's queue IRQs really fire during the window (``_softnet.irq_cpus_fired``).
+        "interrupts": _read_text(os.path.join(procfs, "interrupts"), required=False),
     }
     finished = clock()
     sample["time"] = (started + finished) / 2.0

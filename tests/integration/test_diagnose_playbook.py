@@ -62,8 +62,8 @@ HOSTS = {
     "gpu-d": (node_spec(irq_cpus=(6, 7)), "healthy", [6, 7], 13, {}, "no_contention"),
     # the NIC shows no MSI vectors (like a sandbox kernel that hides them): nothing to attribute squeezes to
     "gpu-e": (node_spec(irqs=False), "seed_contention", [0, 1, 2, 3], 13, {}, "inconclusive"),
-    # an idle IRQ CPU squeezing from packet rate alone
-    "gpu-f": (node_spec(), "rate_flood", [0, 1, 2, 3], 13, {}, "inconclusive"),
+    # an idle IRQ CPU squeezing from packet rate alone: no contention, with the saturation finding (issue 28)
+    "gpu-f": (node_spec(), "rate_flood", [0, 1, 2, 3], 13, {}, "no_contention"),
 }
 
 
@@ -144,9 +144,10 @@ def test_diagnose_gives_each_host_its_verdict_and_writes_the_report(fleet, seque
     result = run_playbook(inventory, report_dir, "-e", "diagnose_sequential=%s" % sequential)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "FAILED" not in result.stdout, result.stdout[-4000:]
-    assert "6 hosts: 2 contention, 0 check failed, 2 inconclusive, 2 no contention" in result.stdout
+    assert "6 hosts: 2 contention, 0 check failed, 1 inconclusive, 0 idle, 3 no contention" in result.stdout
     assert "report: %s/cluster.md" % report_dir in result.stdout
-    assert "gpu-a: contention: time_squeeze on IRQ CPUs 0-3" in result.stdout
+    assert "gpu-a: contention: IRQ CPUs 0-3 run user work" in result.stdout
+    assert "finding: IRQ CPUs saturated by packet rate: IRQ CPUs 0-3 squeeze" in result.stdout
     assert "gpu-e: inconclusive: no NIC queue IRQ CPUs known" in result.stdout
 
     report = json.loads((report_dir / "cluster.json").read_text())
@@ -155,7 +156,9 @@ def test_diagnose_gives_each_host_its_verdict_and_writes_the_report(fleet, seque
         (h["host"], h["reasons"]) for h in report["hosts"]
     ]
     order = [host["host"] for host in report["hosts"]]
-    assert set(order[:2]) == {"gpu-a", "gpu-b"} and set(order[2:4]) == {"gpu-e", "gpu-f"}
+    # no contention hosts: the one with squeezes (gpu-f) first
+    assert set(order[:2]) == {"gpu-a", "gpu-b"} and order[2:4] == ["gpu-e", "gpu-f"]
+    assert [f["name"] for f in report["hosts"][3]["findings"]] == ["irq_cpus_saturated"]
     by_host = dict((host["host"], host) for host in report["hosts"])
     assert by_host["gpu-b"]["irq_cpus"] == [0, 1, 2, 3, 4, 5]
     assert by_host["gpu-b"]["softnet"]["softnet"]["width"] == 15
@@ -168,7 +171,7 @@ def test_diagnose_gives_each_host_its_verdict_and_writes_the_report(fleet, seque
 
     markdown = (report_dir / "cluster.md").read_text()
     assert markdown.index("### gpu-a") < markdown.index("### gpu-e") < markdown.index("### gpu-c")
-    assert "time_squeeze on IRQ CPUs 0-3" in markdown
+    assert "time_squeeze on the shared CPUs 0-3" in markdown
 
     page = Cells()
     page.feed((report_dir / "cluster.html").read_text())
@@ -193,7 +196,7 @@ def test_a_successful_run_never_prints_failed(fleet):
     result = run_playbook(inventory, report_dir, "-e", "diagnose_interval=4", "--limit", "gpu-a,gpu-d")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "FAILED" not in result.stdout + result.stderr, result.stdout[-4000:]
-    assert "2 hosts: 1 contention, 0 check failed, 0 inconclusive, 1 no contention" in result.stdout
+    assert "2 hosts: 1 contention, 0 check failed, 0 inconclusive, 0 idle, 1 no contention" in result.stdout
     report = json.loads((report_dir / "cluster.json").read_text())
     assert all(4 <= host["interval"] < 5 for host in report["hosts"]), [host["interval"] for host in report["hosts"]]
 
@@ -205,7 +208,7 @@ def test_check_mode_still_samples_writes_the_report_and_gates(fleet):
     result = run_playbook(inventory, report_dir, "--check", "-e", "diagnose_fail_on_contention=true")
     # the gate fails the two contention hosts, after the report is written
     assert result.returncode != 0
-    assert "contention: time_squeeze on IRQ CPUs" in result.stdout
+    assert "contention: IRQ CPUs 0-" in result.stdout
     recap = [line for line in result.stdout.splitlines() if line.startswith("gpu-")]
     failed = sorted(line.split()[0] for line in recap if "failed=1" in line)
     assert failed == ["gpu-a", "gpu-b"], recap

@@ -25,6 +25,7 @@ from ansible_collections.gpunode.tuning.plugins.filter.diagnose_report import (
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
     DEFAULT_THRESHOLDS,
     RULES,
+    describe_findings,
     describe_rules,
 )
 
@@ -62,7 +63,7 @@ RESULTS = {
 def test_hosts_are_sorted_worst_first():
     report = diagnose_collect(RESULTS, "2026-11-30T04:00:00Z")
     assert [h["host"] for h in report["hosts"]] == ["bad-big", "bad-small", "down", "maybe", "a<b>&c", "ok-1"]
-    assert report["counts"] == {"contention": 2, "failed": 1, "inconclusive": 1, "no_contention": 2}
+    assert report["counts"] == {"contention": 2, "failed": 1, "inconclusive": 1, "idle": 0, "no_contention": 2}
     assert report["hosts"][2]["reasons"] == ["interface 'ens9' does not exist"]
 
 
@@ -72,7 +73,7 @@ def test_summary_of_one_host_is_singular():
 
 def test_summary_counts_every_verdict():
     assert diagnose_summary(diagnose_collect(RESULTS)) == (
-        "6 hosts: 2 contention, 1 check failed, 1 inconclusive, 2 no contention"
+        "6 hosts: 2 contention, 1 check failed, 1 inconclusive, 0 idle, 2 no contention"
     )
 
 
@@ -195,7 +196,7 @@ def test_filters_are_registered_and_reject_malformed_input():
 def test_closing_lines_list_the_worst_hosts_with_reasons_and_count_the_rest():
     lines = diagnose_lines(diagnose_collect(RESULTS), 2)
     assert lines == [
-        "6 hosts: 2 contention, 1 check failed, 1 inconclusive, 2 no contention",
+        "6 hosts: 2 contention, 1 check failed, 1 inconclusive, 0 idle, 2 no contention",
         "bad-big: contention: contention because of numbers",
         "bad-small: contention: contention because of numbers",
         "... and 4 more hosts in the report",
@@ -224,25 +225,30 @@ def test_report_prints_the_verdict_rules_of_softnet_check_with_the_thresholds_us
     results = copy.deepcopy(RESULTS)
     for name, data in results.items():
         if name != "down":
-            data["softnet"]["thresholds"] = dict(DEFAULT_THRESHOLDS, squeeze_threshold=250.0, interval_scale=1.0)
-            data["softnet"]["verdict_rule"] = "contention" if data["softnet"]["verdict"] == "contention" else "quiet"
+            data["softnet"]["thresholds"] = dict(DEFAULT_THRESHOLDS, squeeze_rate=2.5)
+            data["softnet"]["verdict_rule"] = ("contention" if data["softnet"]["verdict"] == "contention"
+                                               else "irq_cpus_no_user_work")
     report = diagnose_collect(results)
-    rules = describe_rules(dict(DEFAULT_THRESHOLDS, squeeze_threshold=250.0))
-    assert report["verdict_rules"] == {"thresholds": dict(DEFAULT_THRESHOLDS, squeeze_threshold=250.0), "rules": rules}
+    rules = describe_rules(dict(DEFAULT_THRESHOLDS, squeeze_rate=2.5))
+    findings = describe_findings(dict(DEFAULT_THRESHOLDS, squeeze_rate=2.5))
+    assert report["verdict_rules"] == {"thresholds": dict(DEFAULT_THRESHOLDS, squeeze_rate=2.5), "rules": rules,
+                                       "findings": findings}
     assert [rule["name"] for rule in rules] == [rule.name for rule in RULES]
-    assert "the IRQ CPUs together squeeze less than 250 per 10 s" in rules[2]["condition"]
+    assert "no such shared CPU squeezes 2.5 times per second or more" in rules[4]["condition"]
 
     text = diagnose_markdown(report)
     table = text[text.index("## How the verdict is decided"):text.index("## Hosts, worst first")]
     for rule in rules:
         assert "| %d | %s | %s |" % (rule["number"], rule["condition"], rule["verdict"].replace("_", " ")) in table
-    assert "decided by rule 7 (contention)" in text[text.index("### bad-big"):text.index("### bad-small")]
-    assert "decided by rule 2 (quiet)" in text[text.index("### ok-1"):]
+    assert "decided by rule 9 (contention)" in text[text.index("### bad-big"):text.index("### bad-small")]
+    assert "decided by rule 3 (irq_cpus_no_user_work)" in text[text.index("### ok-1"):]
+    assert "| IRQ CPUs saturated by packet rate | an IRQ CPU with usr below 40 % squeezes 2.5 times per second" in table
 
     page = diagnose_html(report)
     for rule in rules:
         assert '<tr data-rule="%s"><td>%d</td><td>%s</td>' % (rule["name"], rule["number"], html.escape(rule["condition"])) in page
-    assert "decided by rule 7 (contention)" in page
+    assert "decided by rule 9 (contention)" in page
+    assert '<tr data-finding="irq_cpus_saturated"><td>IRQ CPUs saturated by packet rate</td>' in page
 
 
 def test_report_rules_name_the_thresholds_when_hosts_used_different_ones():
@@ -256,4 +262,32 @@ def test_report_rules_name_the_thresholds_when_hosts_used_different_ones():
     # no host checked: the defaults
     report = diagnose_collect({"down": RESULTS["down"]})
     assert report["verdict_rules"]["thresholds"] == DEFAULT_THRESHOLDS
-    assert "less than 10 per 10 s" in report["verdict_rules"]["rules"][1]["condition"]
+    assert "less than 100 packets/s" in report["verdict_rules"]["rules"][0]["condition"]
+
+
+def test_idle_hosts_findings_and_where_the_irq_cpus_came_from_are_shown():
+    """Issue 28: the idle verdict, the saturated-IRQ-CPU finding and the IRQ CPUs' source in every rendering."""
+    saturated = softnet("no_contention", irq=[2])
+    saturated.update({
+        "verdict_rule": "irq_cpus_no_user_work", "irq_cpus_source": "interrupts", "irq_cpus_affinity": [2, 3, 4, 5, 6, 7],
+        "findings": [{"name": "irq_cpus_saturated", "title": "IRQ CPUs saturated by packet rate", "cpus": [2],
+                      "reason": "IRQ CPUs 2 squeeze at or above 0.5 per s", "remedy": "more IRQ CPUs or RPS"}],
+    })
+    idle = softnet("idle", irq=[3], reasons=["idle: nothing can be judged until the job runs"])
+    report = diagnose_collect({"after": {"softnet": saturated}, "quiet": {"softnet": idle},
+                               "before": {"softnet": softnet("contention", irq=[4], hot=[4], squeeze=78.0)}})
+    assert [h["host"] for h in report["hosts"]] == ["before", "quiet", "after"]
+    assert report["counts"]["idle"] == 1
+    assert diagnose_summary(report) == "3 hosts: 1 contention, 0 check failed, 0 inconclusive, 1 idle, 1 no contention"
+    lines = diagnose_lines(report)
+    assert lines[3] == ("after: no contention: no_contention because of numbers; finding: IRQ CPUs saturated by packet "
+                        "rate: IRQ CPUs 2 squeeze at or above 0.5 per s. Remedy: more IRQ CPUs or RPS")
+    text = diagnose_markdown(report)
+    after = text[text.index("### after"):]
+    assert "IRQ CPUs from interrupts (affinity files: 2-7)" in after
+    assert "- **finding**: IRQ CPUs saturated by packet rate: IRQ CPUs 2 squeeze" in after
+    assert "| idle | 1 |" in text
+    page = diagnose_html(report)
+    assert '<span class="badge v-idle">idle</span>' in page
+    assert ('<li data-finding="irq_cpus_saturated"><strong>IRQ CPUs saturated by packet rate</strong>: IRQ CPUs 2 '
+            "squeeze at or above 0.5 per s. Remedy: more IRQ CPUs or RPS</li>") in page

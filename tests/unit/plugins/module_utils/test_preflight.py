@@ -23,7 +23,7 @@ import yaml
 
 import modharness
 from modharness import Exit, Fail
-from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_install
+from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_install, _persist
 from ansible_collections.gpunode.tuning.plugins.module_utils import _preflight as P
 from ansible_collections.gpunode.tuning.plugins.module_utils._preflight import PreflightError
 from ansible_collections.gpunode.tuning.plugins.modules import checkpoint_staging, gpu_health
@@ -109,10 +109,21 @@ def test_unknown_source_is_refused():
     assert "gpus" in str(exc.value)
 
 
-@pytest.mark.parametrize("verdict,status", [("contention", "fail"), ("no_contention", "pass"), ("inconclusive", "unknown")])
+@pytest.mark.parametrize("verdict,status", [("contention", "fail"), ("no_contention", "pass"), ("inconclusive", "unknown"),
+                                            ("idle", "not_applicable")])
 def test_softnet_verdicts(verdict, status):
     found = P.host_findings({"softnet": {"verdict": verdict, "reasons": ["r1"], "irq_cpus": [0]}})
     assert found[0]["check"] == "softnet:contention" and found[0]["status"] == status and "r1" in found[0]["message"]
+    assert len(found) == 1
+
+
+def test_softnet_saturated_irq_cpus_are_a_warning_beside_the_verdict():
+    saturated = {"name": "irq_cpus_saturated", "title": "IRQ CPUs saturated by packet rate", "cpus": [2],
+                 "reason": "IRQ CPUs 2 squeeze at or above 0.5 per s", "remedy": "more IRQ CPUs or RPS"}
+    found = P.host_findings({"softnet": {"verdict": "no_contention", "reasons": ["r1"], "irq_cpus": [2],
+                                         "findings": [saturated]}})
+    assert [(f["check"], f["status"]) for f in found] == [("softnet:contention", "pass"), ("softnet:irq_saturation", "warn")]
+    assert found[1]["fix"] == "more IRQ CPUs or RPS" and found[1]["evidence"] == {"cpus": [2]}
 
 
 def test_cpu_power_not_visible_is_not_applicable_never_pass():
@@ -180,7 +191,7 @@ def test_drift_changes_from_every_report_kind():
     assert found["irqbalance"]["status"] == "pass" and not found["irqbalance"]["fatal"]
     pin = found["nic_irq_pinning"]
     assert pin["status"] == "warn" and pin["fatal"] and pin["evidence"] == [
-        "update /etc/gpunode/irq.json (cpus)", "IRQ 45 virtio1-input.0: 0 -> 2", "systemd enable gpunode-irq-pin.service"]
+        "IRQ 45 virtio1-input.0: 0 -> 2", "systemd enable gpunode-irq-pin.service", "update /etc/gpunode/irq.json (cpus)"]
     assert found["slurm_cpuspec"]["evidence"] == ["change /etc/slurm/nodes.conf"]
     assert found["cpu_power"]["evidence"] == ["write /sys/x: powersave -> performance", "update /etc/default/grub"]
 
@@ -428,8 +439,11 @@ def test_checkpoint_staging_report_is_one_line_per_change_in_the_drift_report(no
     assert found["status"] == "warn" and found["fatal"] and not any(line.startswith("IRQ ") for line in found["evidence"])
     assert "create %s (missing)" % node.staging in found["evidence"]
     assert "systemd enable --now gpunode-ckpt-copier.timer" in found["evidence"]
-    # Every change the module's own drift lines name, once.
-    assert len(found["evidence"]) == len(res["drift"]) + len([a for a in res["systemd"] if not a.startswith("enable")])
+    # Every change the module's own drift lines name, once; the collection's library files in one line.
+    library = [line for line in res["drift"] if "/ansible_collections/" in line or _persist.MANIFEST in line]
+    assert library and found["evidence"][-1].startswith("%d library files of the collection under " % len(library))
+    assert len(found["evidence"]) == len(res["drift"]) - len(library) + 1 + len(
+        [a for a in res["systemd"] if not a.startswith("enable")])
     node.install()
     found = by_check(P.drift_findings({"checkpoint_staging": report(node.check())}))["checkpoint_staging"]
     assert found["status"] == "pass" and found["message"] == "in sync"

@@ -327,33 +327,35 @@ SEED = dict(usr=60.0, soft=12.0)  # seed 000: usr 55-65 %, softirq 8-17 %
         ("seed pattern", [cpu_row(0, 150, **SEED), cpu_row(1, 0, 20.0, 0.1)], [0], 10, 3.5, 200000,
          "contention", "far from saturated"),
         ("healthy: +0 everywhere", [cpu_row(0, 0, **SEED), cpu_row(1)], [0], 10, 3.5, 200000,
-         "no_contention", "near zero"),
-        ("quiet boundary: 9 per 10 s is near zero", [cpu_row(0, 9, **SEED)], [0], 10, 3.5, 200000,
-         "no_contention", "near zero"),
-        ("quiet boundary: 10 per 10 s is not", [cpu_row(0, 10, **SEED)], [0], 10, 3.5, 200000,
-         "inconclusive", "below the contention threshold"),
-        ("threshold boundary: 99 per 10 s", [cpu_row(0, 99, **SEED)], [0], 10, 3.5, 200000,
-         "inconclusive", "below the contention threshold"),
-        ("threshold boundary: 100 per 10 s", [cpu_row(0, 100, **SEED)], [0], 10, 3.5, 200000,
-         "contention", "at or above 100 per 10 s"),
-        ("threshold scales with the interval: 50 in 5 s", [cpu_row(0, 50, **SEED)], [0], 5, 3.5, 200000,
-         "contention", "(100 per 10 s)"),
-        ("threshold scales with the interval: 49 in 5 s", [cpu_row(0, 49, **SEED)], [0], 5, 3.5, 200000,
-         "inconclusive", "(98 per 10 s)"),
+         "no_contention", "packets do not wait"),
+        ("rate boundary: 4 in 10 s is 0.4 per s", [cpu_row(0, 4, **SEED)], [0], 10, 3.5, 200000,
+         "no_contention", "CPU 0 4 in 10 s (0.4 per s)"),
+        ("rate boundary: 5 in 10 s is 0.5 per s", [cpu_row(0, 5, **SEED)], [0], 10, 3.5, 200000,
+         "contention", "at or above 0.5 per s: CPU 0 5 in 10 s (0.5 per s)"),
+        ("the rate is per second of the measured interval: 10 in 20 s", [cpu_row(0, 10, **SEED)], [0], 20, 3.5,
+         200000, "contention", "(0.5 per s)"),
+        ("the rate is per second of the measured interval: 9 in 20 s", [cpu_row(0, 9, **SEED)], [0], 20, 3.5,
+         200000, "no_contention", "(0.45 per s)"),
+        ("seed 000's lowest reading: 100 per 10 s over its 11 IRQ CPUs, 9 on each",
+         [cpu_row(cpu, 9 + (cpu == 0), **SEED) for cpu in range(11)], list(range(11)), 10, 3.5, 200000,
+         "contention", "CPU 10 9 in 10 s (0.9 per s)"),
         ("softirq boundary 4.99 %", [cpu_row(0, 500, usr=60.0, soft=4.99)], [0], 10, 3.5, 200000,
-         "inconclusive", "rate, not contention"),
+         "no_contention", "have at most 4.99 % softirq"),
         ("softirq boundary 5 % and usr 40 %", [cpu_row(0, 500, usr=40.0, soft=5.0)], [0], 10, 3.5, 200000,
          "contention", "usr 40-40 %"),
-        ("usr boundary 39.99 %", [cpu_row(0, 500, usr=39.99, soft=12.0)], [0], 10, 3.5, 200000,
-         "inconclusive", "highest usr 39.99 %"),
-        ("flood on an idle IRQ CPU (lab: +1000 per 20 s)", [cpu_row(4, 1200, usr=1.0, soft=45.0)], [4], 20, 3.5,
-         200000, "inconclusive", "rate, not contention"),
+        ("usr boundary 39.99 %", [cpu_row(0, 500, usr=39.99, soft=12.0), cpu_row(1, usr=90.0)], [0], 10, 3.5,
+         200000, "no_contention", "highest usr 39.99 %, below 40 %"),
+        ("flood on an idle IRQ CPU (lab: +1000 per 20 s)",
+         [cpu_row(4, 1000, usr=1.0, soft=45.0), cpu_row(2, usr=99.0)], [4], 20, 3.5, 200000,
+         "no_contention", "whatever the squeezes"),
+        ("squeezes mostly off the shared CPU", [cpu_row(0, 20, **SEED), cpu_row(5, 300)], [0], 10, 3.5, 200000,
+         "inconclusive", "carry 6.2 % of all squeezes (20 of 320), below 50 %"),
         ("link boundary 9.99 %", [cpu_row(0, 500, **SEED)], [0], 10, 9.99, 200000, "contention", "below 10 %"),
         ("link boundary 10 %", [cpu_row(0, 500, **SEED)], [0], 10, 10.0, 200000, "inconclusive", "busy"),
         ("link speed unknown", [cpu_row(0, 500, **SEED)], [0], 10, None, None, "inconclusive", "link_speed_mbps"),
         ("no IRQ CPUs known", [cpu_row(0, 500, **SEED)], [], 10, 3.5, 200000, "inconclusive", "pass irq_cpus"),
         ("squeezes only off the IRQ CPUs", [cpu_row(0, 0, **SEED), cpu_row(5, 300)], [0], 10, 3.5, 200000,
-         "inconclusive", "carry no NIC queue IRQ: CPU 5 +300"),
+         "no_contention", "carry no NIC queue IRQ: CPU 5 +300"),
     ],
 )
 def test_verdict_table(case, rows, irq_cpus, elapsed, util, speed, verdict, fragment):
@@ -366,17 +368,49 @@ def test_contention_flags_hot_and_non_irq_cpus_with_numbers():
     rows = [cpu_row(cpu, 150, **SEED) for cpu in range(11)] + [cpu_row(11, 40), cpu_row(12)]
     result = judge(signals_for(rows), list(range(11)))
     assert result["verdict"] == "contention"
-    assert result["hot_cpus"] == list(range(12))  # 40 per 10 s on CPU 11 is above squeeze_quiet
+    assert result["hot_cpus"] == list(range(12))  # 4 per s on CPU 11 is at or above squeeze_rate
+    assert result["contended_cpus"] == list(range(11))
     assert result["non_irq_squeeze_cpus"] == [11]
     assert result["totals"]["time_squeeze_irq_cpus"] == 1650
-    assert "1650 in 10 s (1650 per 10 s)" in result["reasons"][0]
+    assert result["totals"]["time_squeeze_shared_share_pct"] == 97.6  # 1650 of 1690
+    assert any("CPU 0 150 in 10 s (15 per s)" in reason for reason in result["reasons"])
     assert any("CPU 11 +40" in reason for reason in result["reasons"])
+    assert result["findings"] == []
 
 
-def test_idle_host_says_no_contention_but_asks_for_load():
-    result = judge(signals_for([cpu_row(0)], rx_packets=20), [0])
+def test_idle_host_is_idle_and_says_nothing_can_be_judged():
+    result = judge(signals_for([cpu_row(0, usr=3.0, soft=0.2), cpu_row(1, usr=39.0)], rx_packets=20), [0])
+    assert result["verdict"] == "idle" and result["verdict_rule"] == "idle"
+    assert "nothing can be judged until the job runs" in result["reasons"][0]
+    assert "2 packets/s (ens7 rx + tx), below 100 packets/s" in result["reasons"][0]
+    assert result["totals"]["packets_per_s"] == 2.0
+
+
+def test_idle_needs_both_no_user_work_and_no_traffic():
+    # traffic but no user work: the NIC works, nothing competes with it
+    busy_nic = judge(signals_for([cpu_row(0, 0, usr=1.0, soft=20.0)], rx_packets=5000), [0])
+    assert busy_nic["verdict"] == "no_contention" and busy_nic["verdict_rule"] == "irq_cpus_no_user_work"
+    # user work but no traffic: the job runs without storage traffic; judged, with a note to repeat under load
+    no_traffic = judge(signals_for([cpu_row(0, 0, usr=90.0, soft=0.1)], rx_packets=20), [0])
+    assert no_traffic["verdict"] == "no_contention" and no_traffic["verdict_rule"] == "no_shared_cpu"
+    assert any("repeat under training load" in reason for reason in no_traffic["reasons"])
+    # no interface: the packets every CPU processed stand for the traffic
+    rows = [dict(cpu_row(0), processed=50), dict(cpu_row(1), processed=40)]
+    result = judge({"elapsed": 10.0, "cpus": rows, "link": None}, [0])
+    assert result["verdict"] == "idle" and "9 packets/s (packets processed by all CPUs)" in result["reasons"][0]
+
+
+def test_saturated_irq_cpu_is_a_finding_beside_the_verdict_never_contention():
+    rows = [cpu_row(2, 135, usr=12.93, soft=28.91), cpu_row(4, 0, usr=98.5, soft=0.96)]
+    result = judge(signals_for(rows, elapsed=10.058), [2])
     assert result["verdict"] == "no_contention"
-    assert any("repeat under training load" in reason for reason in result["reasons"])
+    (finding,) = result["findings"]
+    assert finding["name"] == "irq_cpus_saturated" and finding["cpus"] == [2]
+    assert finding["title"] == "IRQ CPUs saturated by packet rate"
+    assert "CPU 2 135 in 10.06 s (13.42 per s), usr 12.93 %" in finding["reason"]
+    assert "RPS" in finding["remedy"] and "More queues do not help" in finding["remedy"]
+    # below squeeze_rate it is not reported
+    assert judge(signals_for([cpu_row(2, 4, usr=1.0, soft=30.0)]), [2])["findings"] == []
 
 
 def test_backlog_drops_are_reported():
@@ -385,10 +419,12 @@ def test_backlog_drops_are_reported():
 
 
 def test_custom_thresholds_change_the_boundary():
-    rows = [cpu_row(0, 30, usr=20.0, soft=3.0)]
-    assert judge(signals_for(rows), [0])["verdict"] == "inconclusive"
-    loose = dict(squeeze_threshold=30.0, user_pct=20.0, softirq_pct=3.0)
-    assert judge(signals_for(rows), [0], loose)["verdict"] == "contention"
+    rows = [cpu_row(0, 3, usr=20.0, soft=3.0), cpu_row(1, usr=50.0)]
+    assert judge(signals_for(rows), [0])["verdict"] == "no_contention"
+    loose = dict(squeeze_rate=0.3, user_pct=20.0, softirq_pct=3.0)
+    result = judge(signals_for(rows), [0], loose)
+    assert result["verdict"] == "contention"
+    assert result["thresholds"] == dict(DEFAULT_THRESHOLDS, **loose)
 
 
 # ---------------------------------------------------------------- IRQ CPUs and options
@@ -420,8 +456,8 @@ def test_irq_cpus_come_from_effective_affinity_of_queue_irqs(irqs, cpus, source)
         ({"interval": 7200}, "interval 7200"),
         ({"irq_cpus": "0-x"}, "irq_cpus"),
         ({"irq_cpus": "  "}, None),
-        ({"squeeze_threshold": -1}, "squeeze_threshold=-1"),
-        ({"squeeze_quiet": 200}, "squeeze_quiet (200) is above squeeze_threshold (100)"),
+        ({"squeeze_rate": -1}, "squeeze_rate=-1"),
+        ({"idle_pps": -5}, "idle_pps=-5"),
         ({"link_speed_mbps": 0}, "link_speed_mbps 0"),
     ],
 )

@@ -10,7 +10,9 @@ import pytest
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
     DEFAULT_THRESHOLDS,
+    FINDINGS,
     RULES,
+    describe_findings,
     describe_rules,
     format_number,
     judge,
@@ -23,17 +25,19 @@ def row(cpu, squeeze=0, usr=0.0, soft=0.0):
     return {"cpu": cpu, "time_squeeze": squeeze, "dropped": 0, "usr": usr, "soft": soft}
 
 
-def signals(rows, util=3.5, speed=200000):
+def signals(rows, util=3.5, speed=200000, rx_packets=100000):
     link = {"interface": "ens7", "speed_mbps": speed, "rx_mbps": 7000.0, "tx_mbps": 120.0, "utilisation_pct": util,
-            "rx_packets": 100000, "tx_packets": 0}
+            "rx_packets": rx_packets, "tx_packets": 0}
     return {"elapsed": 10.0, "cpus": rows, "link": link}
 
 
 CASES = {
+    "idle": (signals([row(0, 0, usr=2.0, soft=0.1)], rx_packets=40), [0]),
     "no_irq_cpus": (signals([row(0, 500, **SEED)]), []),
-    "quiet": (signals([row(0, 0, **SEED)]), [0]),
-    "irq_squeezes_low": (signals([row(0, 50, **SEED)]), [0]),
-    "irq_cpus_not_busy": (signals([row(0, 500, usr=1.0, soft=45.0)]), [0]),
+    "irq_cpus_no_user_work": (signals([row(0, 500, usr=1.0, soft=45.0), row(1, usr=90.0)]), [0]),
+    "no_shared_cpu": (signals([row(0, 500, usr=90.0, soft=1.0)]), [0]),
+    "squeezes_low": (signals([row(0, 4, **SEED)]), [0]),
+    "squeezes_elsewhere": (signals([row(0, 50, **SEED), row(5, 300)]), [0]),
     "link_unknown": (signals([row(0, 500, **SEED)], util=None, speed=None), [0]),
     "link_busy": (signals([row(0, 500, **SEED)], util=50.0), [0]),
     "contention": (signals([row(0, 500, **SEED)]), [0]),
@@ -56,13 +60,18 @@ def test_describe_rules_quotes_the_thresholds_like_the_reasons_do():
     assert [(r["number"], r["name"], r["verdict"]) for r in rules] == [
         (number, rule.name, rule.verdict) for number, rule in enumerate(RULES, 1)
     ]
-    assert rules[1]["condition"] == "all CPUs together squeeze less than 10 per 10 s"
+    assert rules[0]["condition"] == "no CPU has usr >= 40 % and the NIC moves less than 100 packets/s"
     assert rules[3]["condition"] == "no IRQ CPU has both softirq >= 5 % and usr >= 40 %"
-    assert describe_rules({"max_link_util_pct": 12.5})[5]["condition"] == "the link is at or above 12.5 % of its speed"
-    assert "O(squeeze_threshold)" in describe_rules(placeholder="O(%s)")[2]["condition"]
+    assert rules[4]["condition"] == "no such shared CPU squeezes 0.5 times per second or more"
+    assert describe_rules({"max_link_util_pct": 12.5})[7]["condition"] == "the link is at or above 12.5 % of its speed"
+    assert "O(squeeze_share_pct)" in describe_rules(placeholder="O(%s)")[5]["condition"]
+    conditions = [rule.condition for rule in RULES] + [condition for _n, _t, condition, _r in FINDINGS]
     assert set(DEFAULT_THRESHOLDS) == set(
-        key for rule in RULES for key in DEFAULT_THRESHOLDS if "{%s}" % key in rule.condition
+        key for condition in conditions for key in DEFAULT_THRESHOLDS if "{%s}" % key in condition
     )
+    (finding,) = describe_findings()
+    assert finding["condition"] == "an IRQ CPU with usr below 40 % squeezes 0.5 times per second or more"
+    assert "RPS" in finding["remedy"] and "More queues do not help" in finding["remedy"]
 
 
 @pytest.mark.parametrize(

@@ -238,11 +238,11 @@ case("nic_irq_affinity", "pci-function-digit-unknown-driver", ["no queue IRQs", 
      {"cpus": "4-7"}, spec=nic_spec("xyz", treegen.named_irqs(["xyz_ctl@pci:0000:3b:00.3"], 60, [0]), pci="0000:3b:00.3"))
 
 # softnet_check thresholds: NaN, infinity, negative, percentages above 100
-for _key in ("squeeze_threshold", "squeeze_quiet", "softirq_pct", "user_pct", "max_link_util_pct"):
+for _key in ("squeeze_rate", "squeeze_share_pct", "idle_pps", "softirq_pct", "user_pct", "max_link_util_pct"):
     case("softnet_check", "%s-nan" % _key, [_key, "nan"], {_key: "nan"})
     case("softnet_check", "%s-inf" % _key, [_key, "inf"], {_key: "inf"})
     case("softnet_check", "%s-negative" % _key, [_key, "-1"], {_key: -1})
-for _key in ("softirq_pct", "user_pct", "max_link_util_pct"):
+for _key in ("softirq_pct", "user_pct", "max_link_util_pct", "squeeze_share_pct"):
     case("softnet_check", "%s-above-100" % _key, [_key, "100.5"], {_key: 100.5})
 case("softnet_check", "interval-nan", ["interval", "nan"], {"interval": "nan"})
 case("softnet_check", "interval-inf", ["interval", "inf"], {"interval": "inf"})

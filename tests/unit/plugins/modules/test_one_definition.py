@@ -134,7 +134,7 @@ def test_softnet_reads_with_the_shared_reader_and_parses_softirqs_as_a_cpu_table
     calls = []
     monkeypatch.setattr(_softnet_procfs, "read_raw", lambda path: calls.append(path) or "")
     _softnet_procfs.read_sample(str(tmp_path))
-    assert len(calls) == 4
+    assert len(calls) == 5  # softnet_stat, stat, softirqs, net/dev, interrupts
     text = "                    CPU0       CPU2\n          HI:          1          0\n      NET_RX:        10         20\n"
     assert _softnet_procfs.parse_softirqs(text)["counts"] == {"HI": {0: 1, 2: 0}, "NET_RX": {0: 10, 2: 20}}
     parsed = []

@@ -118,11 +118,14 @@ def test_healthy_host_is_no_contention(host, capsys):
     assert result["hot_cpus"] == []
 
 
-def test_rate_without_user_work_is_inconclusive(host, capsys):
+def test_rate_without_user_work_is_no_contention_with_the_saturation_finding(host, capsys):
     tree = host("rate_flood")
     rc, result = run_module(capsys, base_args(tree))
-    assert result["verdict"] == "inconclusive", result["reasons"]
-    assert any("rate, not contention" in reason for reason in result["reasons"])
+    assert result["verdict"] == "no_contention", result["reasons"]
+    assert result["verdict_rule"] == "irq_cpus_no_user_work"
+    assert any("whatever the squeezes" in reason for reason in result["reasons"])
+    (finding,) = result["findings"]
+    assert finding["name"] == "irq_cpus_saturated" and finding["cpus"] == IRQ_CPUS
     assert result["totals"]["dropped"] > 0
 
 
@@ -130,7 +133,7 @@ def test_fail_on_contention_fails_the_task_and_still_returns_everything(host, ca
     tree = host("seed_contention")
     rc, result = run_module(capsys, base_args(tree, fail_on_contention=True))
     assert rc == 1 and result["failed"] is True
-    assert result["msg"].startswith("contention: time_squeeze on IRQ CPUs 0-3")
+    assert result["msg"].startswith("contention: IRQ CPUs 0-3 run user work")
     assert result["verdict"] == "contention" and len(result["cpus"]) == 8
 
 
@@ -138,7 +141,9 @@ def test_irq_cpus_option_overrides_the_nic(host, capsys):
     tree = host("seed_contention")
     rc, result = run_module(capsys, base_args(tree, irq_cpus="4-7"))
     assert result["irq_cpus"] == [4, 5, 6, 7] and result["irq_cpus_source"] == "option"
-    assert result["verdict"] == "inconclusive"
+    # user work on 4-7 without softirq there: the NIC's work does not compete with it on those CPUs
+    assert result["verdict"] == "no_contention" and result["verdict_rule"] == "no_shared_cpu"
+    assert result["irq_cpus_affinity"] == IRQ_CPUS
     assert result["non_irq_squeeze_cpus"] == IRQ_CPUS
 
 
@@ -164,7 +169,8 @@ def test_unknown_speed_is_reported_unknown_and_can_be_given(host, capsys):
     [
         ({"interval": 0}, "interval 0.0 is not"),
         ({"irq_cpus": "3-1"}, "irq_cpus"),
-        ({"squeeze_quiet": 500}, "squeeze_quiet (500) is above"),
+        ({"squeeze_share_pct": 150}, "squeeze_share_pct 150.0 is not a percentage from 0 to 100"),
+        ({"squeeze_quiet": 5}, "Unsupported parameters"),
         ({"interface": "ens9"}, "interface 'ens9' does not exist"),
         ({"interface": "ens7", "mac": "02:00:17:0a:0b:0c"}, "mutually exclusive"),
     ],
