@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The project's single entry point.
 #
-#   ./run.sh diagnose [ansible-playbook args...]  install, then diagnose this machine (read-only)
+#   ./run.sh diagnose [ansible-playbook args...]  install, then diagnose this machine (read-only); with
+#                                                 -i INVENTORY, the inventory's hosts over their own connection
 #   ./run.sh test                                 install, then the whole test suite, in order:
 #                                                 unit, sanity, lint, molecule
 #   ./run.sh molecule [SCENARIO...]               the named Molecule scenarios (default: all)
 #   ./run.sh deps | unit | sanity | lint | lab-down
+#   ./run.sh mutants [AREA|PATH...]               mutation testing (mutmut) of the decision code, per
+#                                                 area with the tests that cover it; not part of test
 #
 # Needs root: it installs Debian packages and the lab boots QEMU guests with
 # tap devices. With no argument it prints this help.
@@ -26,7 +29,7 @@ export PY_COLORS="${PY_COLORS:-0}"
 
 # Debian packages per purpose. The lab's come from bindep.txt's [test] profile.
 DEB_BASE=(python3-venv git ethtool iproute2)
-DEB_TEST=(qemu-system-x86 qemu-utils debootstrap openssh-client util-linux e2fsprogs shellcheck chromium)
+DEB_TEST=(qemu-system-x86 qemu-utils debootstrap openssh-client util-linux e2fsprogs shellcheck chromium grub-common)
 
 log() { printf '\n=== %s\n' "$*"; }
 
@@ -199,6 +202,22 @@ need_root() {
         exit 1
     fi
 }
+# The ansible-playbook command of ./run.sh diagnose ARGS, in DIAGNOSE_ARGV. With an inventory in ARGS (-i, -iINV,
+# --inventory[=INV]) the play runs against the inventory's hosts over their normal connection (ssh), with their own
+# Python; without one, against this machine (-c local, the venv's Python). tests/integration/test_run_sh_diagnose.py
+# runs this function.
+diagnose_argv() {
+    local arg inventory=""
+    for arg in "$@"; do
+        case "$arg" in -i | -i?* | --inventory | --inventory=* | --inventory-file | --inventory-file=*) inventory=1 ;; esac
+    done
+    if [ -n "$inventory" ]; then
+        DIAGNOSE_ARGV=(ansible-playbook playbooks/diagnose.yml "$@")
+    else
+        DIAGNOSE_ARGV=(ansible-playbook -i "localhost," -c local -e "ansible_python_interpreter=$VENV/bin/python"
+                       playbooks/diagnose.yml "$@")
+    fi
+}
 case "$cmd" in deps | test | unit | sanity | lint | molecule | diagnose | lab-down) need_root ;; esac
 case "$cmd" in
     deps) deps test ;;
@@ -213,9 +232,12 @@ case "$cmd" in
         run_steps molecule -- "$@" ;;
     diagnose)
         deps || exit 1
-        ansible-playbook -i localhost, -c local \
-            -e "ansible_python_interpreter=$VENV/bin/python" \
-            playbooks/diagnose.yml "$@" ;;
+        diagnose_argv "$@"
+        "${DIAGNOSE_ARGV[@]}" ;;
     lab-down) python3 tests/lab/lab.py down --all ;;
+    mutants)
+        deps || exit 1
+        "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements-mutants.txt || exit 1
+        nice -n 19 python tests/tools/mutants.py "$@" ;;
     *) echo "run.sh: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;
 esac

@@ -19,6 +19,9 @@ options:
       - At most one of O(interface), O(pci_address), O(mac) and O(cidr). With none, the interface of the
         lowest-metric IPv4 default route (else IPv6) is used. An empty or blank value of any of the four is an
         error, never "the default route".
+      - The modules that pin IRQs (M(gpunode.tuning.nic_irq_affinity), M(gpunode.tuning.nic_irq_persist)) use the
+        default route only on a node with one physical Ethernet NIC; with several they fail naming them (the
+        default route is often the management NIC).
       - An InfiniBand interface (type 32) or a virtual one (no C(device) link) is never selected.
     type: str
   pci_address:

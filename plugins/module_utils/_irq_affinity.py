@@ -41,7 +41,8 @@ import tempfile
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, format_cpulist, parse_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import check_roots, join, read_raw, read_text
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import read_irqbalance
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_KEYS, NicError, read_irq_state, read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic import (
+    SELECTOR_KEYS, NicError, read_irq_state, read_nic, require_named_nic)
 from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology, sibling_map
 
 DESIRED_KEYS = SELECTOR_KEYS + ("cpus", "count", "exclude_cpus", "numa_local", "whole_cores", "allow_irqbalance", "strict")
@@ -508,6 +509,8 @@ def run_desired_state(desired, check_mode=False, procfs="/proc", sysfs="/sys", r
     # a write never mixes a captured root with the live one (TreeError names the paths)
     check_roots(procfs, sysfs, write=True)
     selector = dict((k, desired.get(k)) for k in SELECTOR_KEYS)
+    # A run that pins never guesses between several NICs (the default route is often the management NIC).
+    require_named_nic(selector, procfs=procfs, sysfs=sysfs)
     nic = read_nic(selector, procfs=procfs, sysfs=sysfs, run=run)
     topology = read_topology(sysfs=sysfs, procfs=procfs)
     plan = plan_affinity(

@@ -136,7 +136,9 @@ def detect(choice, root, which, live):
         if not which(grubby.GRUBBY):
             raise KernelCmdlineError(
                 "bootloader auto: neither update-grub nor grubby found%s (grub_debian needs update-grub or grub-mkconfig "
-                "and %s, grubby needs grubby); set bootloader" % ("" if live else " under root %s" % root, grub.GRUB_DEFAULTS),
+                "and %s, grubby needs grubby); set the bootloader option to grub_debian or grubby (the variable "
+                "isolcpus_bootloader in the isolcpus role, cpu_power_bootloader in the cpu_power role) and install "
+                "its tool" % ("" if live else " under root %s" % root, grub.GRUB_DEFAULTS),
                 option="bootloader", value=choice, expected="update-grub or grubby on the target")
         choice = "grubby"
     if choice == "grubby":

@@ -518,6 +518,32 @@ def select_interface(selector, procfs="/proc", sysfs="/sys", run=None):
     )
 
 
+def require_named_nic(selector, procfs="/proc", sysfs="/sys"):
+    """Raise NicError when no selector is given and the node has several physical Ethernet NICs.
+
+    The read-only modules fall back to the default-route NIC; a run that pins IRQs (and masks irqbalance) does not
+    guess between NICs: on a GPU node the default route is often the management NIC, not the training one. With one
+    candidate (a VM, a single-NIC node) that one is used. Returns the candidates' names.
+    """
+    check_selector(selector)
+    if any((selector or {}).get(key) not in (None, "") for key in SELECTOR_KEYS):
+        return []
+    eligible = [e for e in list_interfaces(sysfs) if e["eligible"]]
+    if len(eligible) > 1:
+        names = [e["interface"] for e in eligible]
+        routed, _source = default_route_interfaces(procfs)
+        raise NicError(
+            "no NIC named and this node has %d physical Ethernet NICs: %s; the default route (%s) is often the "
+            "management NIC, so a tuning run does not choose: set nic_irq_pinning_interface (or "
+            "nic_irq_pinning_pci_address, _mac, _cidr) for this host, or the module's interface option"
+            % (len(eligible), _candidates_text(eligible), ", ".join(routed) or "none"),
+            option="interface", value=None, candidates=names,
+            expected="nic_irq_pinning_interface (module option interface, pci_address, mac or cidr) naming one of: %s"
+            % ", ".join(names),
+        )
+    return [e["interface"] for e in eligible]
+
+
 # ------------------------------------------------------------------ read ----
 
 def read_irq_state(procfs, irq):

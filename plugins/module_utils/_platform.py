@@ -504,8 +504,46 @@ def parse_vulnerabilities_grep(text):
     return out
 
 
-def read_mitigations(sysfs="/sys"):
-    """``{"vulnerabilities": {name: {"text", "state"}}, "vulnerable": [names], "findings"}``, one entry per file."""
+# Boot parameters that turn mitigations off (Documentation/admin-guide/kernel-parameters.txt): all of them, or one
+# vulnerability's (x86 and arm64 spellings).
+MITIGATION_OFF_PARAMS = ("mitigations=off", "nopti", "pti=off", "kpti=0", "nospectre_v1", "nospectre_v2",
+                         "spectre_v2=off", "spectre_v2_user=off", "spectre_bhi=off", "nospectre_bhb",
+                         "nospec_store_bypass_disable", "spec_store_bypass_disable=off", "ssbd=force-off", "l1tf=off",
+                         "mds=off", "tsx_async_abort=off", "mmio_stale_data=off", "retbleed=off", "srbds=off",
+                         "gather_data_sampling=off", "spec_rstack_overflow=off", "reg_file_data_sampling=off",
+                         "indirect_target_selection=off", "kvm.nx_huge_pages=off")
+
+
+def mitigations_off_params(cmdline):
+    """The tokens of a kernel command line that turn mitigations off, in order (``mitigations=`` counts as its last
+    occurrence only: a later ``mitigations=auto`` undoes an earlier ``off``)."""
+    tokens = [norm(token) for token in split_cmdline(_text_arg("cmdline", cmdline) or "")]
+    last_mode = [t for t in tokens if t.startswith("mitigations=")][-1:]
+    return [t for t in tokens if t in MITIGATION_OFF_PARAMS and (not t.startswith("mitigations=") or [t] == last_mode)]
+
+
+def mitigations_fix(cmdline):
+    """What to do about a vulnerable CPU, true for the running command line (``cmdline`` text, None: unknown)."""
+    if cmdline is None:
+        return ("update the kernel and microcode; if the kernel command line turns mitigations off (mitigations=off, "
+                "or one such as mds=off) and that is not deliberate, drop it")
+    off = mitigations_off_params(cmdline)
+    if off:
+        return ("the running kernel command line has %s: drop %s unless that is deliberate (a dedicated node), and "
+                "update the kernel and microcode" % (" ".join(off), "it" if len(off) == 1 else "them"))
+    modes = [norm(t).partition("=")[2] for t in split_cmdline(cmdline) if norm(t).startswith("mitigations=")]
+    return ("the running kernel command line turns no mitigation off (it runs %s): the kernel or the microcode lacks "
+            "the mitigation; update the kernel and the microcode (intel-microcode or amd64-microcode, or the "
+            "firmware)" % ("mitigations=%s" % modes[-1] if modes else "the default, mitigations=auto"))
+
+
+def read_mitigations(sysfs="/sys", procfs=None, cmdline=None):
+    """``{"vulnerabilities": {name: {"text", "state"}}, "vulnerable": [names], "findings"}``, one entry per file.
+
+    The fix of a vulnerable CPU is said for the running command line: ``cmdline`` (text), else ``procfs``/cmdline;
+    with neither it is not known and the fix says so."""
+    if cmdline is None and procfs is not None:
+        cmdline = read_text(join(procfs, "cmdline"))
     base = join(sysfs, "devices/system/cpu/vulnerabilities")
     files = {}
     for name in list_dir(base):
@@ -530,11 +568,10 @@ def read_mitigations(sysfs="/sys"):
         parts = (["vulnerable: %s" % ", ".join(vulnerable)] if vulnerable else []) + (
             ["SMT vulnerable (mitigated for the same thread only, SMT on): %s" % ", ".join(smt_vulnerable)]
             if smt_vulnerable else [])
-        found = finding("mitigations", "warn", "; ".join(parts) + suffix, evidence=evidence,
-                        fix="if not deliberate (mitigations=off on a dedicated node), update the kernel and microcode "
-                            "and drop mitigations=off" + ("; for SMT vulnerable: disable SMT (nosmt, or "
-                                                          "mitigations=auto,nosmt) or accept the cross-thread risk"
-                                                          if smt_vulnerable else ""))
+        fixes = ([mitigations_fix(cmdline)] if vulnerable else []) + (
+            ["for SMT vulnerable: disable SMT (nosmt, or mitigations=auto,nosmt) or accept the cross-thread risk"]
+            if smt_vulnerable else [])
+        found = finding("mitigations", "warn", "; ".join(parts) + suffix, evidence=evidence, fix="; ".join(fixes))
     else:
         found = finding("mitigations", "pass", "%d files, none vulnerable%s" % (len(files), suffix), evidence=evidence)
     return {"vulnerabilities": files, "vulnerable": vulnerable, "smt_vulnerable": smt_vulnerable, "findings": [found]}
@@ -556,7 +593,7 @@ def platform_facts(procfs="/proc", sysfs="/sys", page_size=None, kernel_log=None
         ("iommu", read_iommu(procfs, sysfs)),
         ("smmu", read_smmu(arch["architecture"], kernel_log, kernel_config)),
         ("smt", read_smt(sysfs)),
-        ("mitigations", read_mitigations(sysfs)),
+        ("mitigations", read_mitigations(sysfs, procfs)),
     )
     out, findings = {}, []
     for name, part in parts:

@@ -61,3 +61,71 @@ def test_requirements_name_the_real_entry_point():
     text = (ROOT / "requirements-dev.txt").read_text()
     assert "make deps" not in text and "./run.sh deps" in text
     assert not (ROOT / "Makefile").exists()
+
+
+# ------------------------------------------------ the README for a cluster engineer (issue 29) --
+
+def _section(text, heading):
+    """The lines under ``heading`` up to the next heading of the same or a higher level."""
+    level = heading.split(" ", 1)[0]
+    lines = text.splitlines()
+    start = lines.index(heading) + 1
+    out, fenced = [], False
+    for line in lines[start:]:
+        fenced = fenced != line.startswith("```")
+        marks = line.split(" ", 1)[0]
+        if not fenced and marks and marks.strip("#") == "" and len(marks) <= len(level):
+            break
+        out.append(line)
+    return out
+
+
+def _first_column(lines):
+    return [m.group(1) for m in (re.match(r"^\| `([\w-]+)` \|", line) for line in lines) if m]
+
+
+def test_no_readme_line_is_over_200_characters():
+    long = [(number, len(line)) for number, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1)
+            if len(line) > 200]
+    assert long == []
+
+
+def test_the_readme_lists_every_verdict_diagnose_can_emit_and_no_other():
+    from ansible_collections.gpunode.tuning.plugins.filter.diagnose_report import VERDICT_ORDER
+    from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import RULES, VERDICTS
+    listed = _first_column(_section((ROOT / "README.md").read_text(), "### Diagnose verdicts"))
+    assert len(listed) == len(set(listed))
+    assert set(listed) == set(VERDICT_ORDER) and set(VERDICTS) <= set(listed)
+    assert set(rule.verdict for rule in RULES) <= set(listed)
+
+
+def test_the_readme_explains_every_finding_status():
+    from ansible_collections.gpunode.tuning.plugins.module_utils._findings import STATUSES
+    listed = _first_column(_section((ROOT / "README.md").read_text(), "### Finding statuses"))
+    assert sorted(listed) == sorted(STATUSES)
+
+
+def test_the_readme_quick_start_and_the_empty_inventory():
+    text = (ROOT / "README.md").read_text()
+    quick = "\n".join(_section(text, "## Quick start (five minutes)"))
+    assert "ansible-galaxy collection build --force && ansible-galaxy collection install --force" in quick
+    steps = [quick.index("gpunode.tuning.%s" % name) for name in ("preflight", "diagnose", "tune --check --diff")]
+    assert steps == sorted(steps) and re.search(r"(?m)^ansible-playbook -i inventory.yml gpunode.tuning.tune$", quick)
+    empty = "\n".join(_section(text, "## What tune.yml does with no variables"))
+    assert "masks irqbalance" in empty.replace("*", "") and "default-route NIC" in empty
+    assert "nic_irq_pinning_interface" in empty and "several" in empty
+    testing = "\n".join(_section(text, "## Testing"))
+    assert "./run.sh test" in testing and not re.search(r"\b\d+ s\b", testing)      # no timing history here
+
+
+def test_the_unit_step_installs_grub_common_for_the_real_grub_mkconfig_test():
+    deb_test = subprocess.run(["bash", "-c", 'eval "$(grep "^DEB_TEST=" run.sh)"; printf "%s\\n" "${DEB_TEST[@]}"'],
+                              cwd=str(ROOT), capture_output=True, text=True, check=True).stdout.split()
+    assert "grub-common" in deb_test
+
+
+def test_the_readme_maps_each_softnet_verdict_to_its_preflight_status():
+    from ansible_collections.gpunode.tuning.plugins.module_utils._preflight import SOFTNET_STATUS
+    text = " ".join((ROOT / "README.md").read_text().split())
+    for verdict, status in SOFTNET_STATUS.items():
+        assert "`%s` for `%s`" % (status, verdict) in text, (verdict, status)

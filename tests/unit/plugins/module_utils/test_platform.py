@@ -428,3 +428,28 @@ def test_smt_clause_decides_the_verdict(tmp_path, clause, status):
     if clause == "SMT Host state unknown":
         assert "SMT state of the host unknown to this guest: mds" in found["message"]
     assert dummy
+
+
+# ------------------------------------ the fix for the running command line (issue 29, trip 7) --
+
+@pytest.mark.parametrize("cmdline,says,never", [
+    ("BOOT_IMAGE=/vmlinuz ro mitigations=auto", ["turns no mitigation off (it runs mitigations=auto)", "microcode"],
+     ["drop"]),
+    ("BOOT_IMAGE=/vmlinuz ro quiet", ["the default, mitigations=auto", "microcode"], ["drop"]),
+    ("BOOT_IMAGE=/vmlinuz ro mitigations=off", ["command line has mitigations=off: drop it"], []),
+    ("ro mitigations=off mitigations=auto", ["turns no mitigation off (it runs mitigations=auto)"], ["drop"]),
+    ("ro mds=off nopti", ["command line has mds=off nopti: drop them"], ["mitigations=off"]),
+])
+def test_the_mitigations_fix_says_what_is_true_for_the_running_command_line(tmp_path, cmdline, says, never):
+    """The real capture of a vulnerable node; the fix names mitigations=off only where the node booted with it."""
+    procfs, sysfs = make_tree(tmp_path, cmdline=cmdline,
+                              vulnerabilities=(FIXTURES / "vulnerabilities_x86_mitigations_off_tutorial.txt").read_text())
+    found = [f for f in _platform.platform_facts(str(procfs), str(sysfs), page_size=4096)["findings"]
+             if f["check"] == "mitigations"][0]
+    assert found["status"] == "warn"
+    assert all(text in found["fix"] for text in says), found["fix"]
+    assert not any(text in found["fix"] for text in never), found["fix"]
+
+
+def test_the_mitigations_fix_without_a_command_line_does_not_claim_one():
+    assert _platform.mitigations_fix(None).startswith("update the kernel and microcode; if the kernel command line")

@@ -427,12 +427,12 @@ def test_the_rendered_units_pass_systemd_analyze_verify(node, tmp_path):
     (units / "scope-as.slice.d").mkdir()
     (units / "scope-as.slice.d" / DROPIN).write_text(read(node, INIT).replace("[Scope]", "[Slice]"))
     for name in ("gpunode-workload.slice", "system.slice", "user.slice", "scope-as.slice"):
-        proc = subprocess.run(["systemd-analyze", "verify", "--recursive-errors=no", str(units / name)],
+        proc = subprocess.run(["systemd-analyze", "verify", "--man=no", "--recursive-errors=no", str(units / name)],
                               capture_output=True, text=True, check=False)
         assert proc.returncode == 0 and str(units) not in proc.stderr, (name, proc.stdout, proc.stderr)
     # and a bad value is caught, so the check is real
     (units / "bad.slice").write_text("[Slice]\nAllowedCPUs=0-x\n")
-    proc = subprocess.run(["systemd-analyze", "verify", "--recursive-errors=no", str(units / "bad.slice")],
+    proc = subprocess.run(["systemd-analyze", "verify", "--man=no", "--recursive-errors=no", str(units / "bad.slice")],
                           capture_output=True, text=True, check=False)
     assert "bad.slice" in proc.stderr
 

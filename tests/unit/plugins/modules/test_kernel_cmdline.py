@@ -254,7 +254,8 @@ BAD = [
     ("line-not-simple", {}, put("etc/default/grub.d/50-x.cfg", 'GRUB_CMDLINE_LINUX="`echo` isolcpus=1"\n'),
      ["50-x.cfg line 1", "command substitution", "never run"]),          # tree mode: refused before editing
     ("later-file-drops-the-line", {}, put("etc/default/grub.d/zz.cfg", 'GRUB_CMDLINE_LINUX="quiet"\n'), ["zz.cfg"]),
-    ("no-bootloader-tool", {"bootloader": "auto"}, None, ["neither update-grub nor grubby found"]),
+    ("no-bootloader-tool", {"bootloader": "auto"}, None, ["neither update-grub nor grubby found",
+                                                          "isolcpus_bootloader", "cpu_power_bootloader"]),
     ("grubby-on-a-tree", {"bootloader": "auto"}, put("usr/sbin/grubby", "#!/bin/sh\n", 0o755), ["live system only"]),
     ("dropin-name", {"dropin_name": "99-gpunode"}, None, ["dropin_name", ".cfg"]),
     ("state-dir-relative", {"state_dir": "var/lib/x"}, None, ["state_dir", "absolute"]),
