@@ -783,7 +783,12 @@ def _set_aside(tfd, name):
 
 def _into_place(tfd, partial, name, existing, cfg):
     """Rename ``partial`` to ``name``; an ``existing`` different one is renamed aside first (version) or after
-    (replace: then removed). The target directory is fsync'd after the rename. The action taken."""
+    (replace: then removed). The target directory is fsync'd after the rename. The action taken.
+
+    The order (rename, then fsync of the directory that holds the new name) is what makes the copy survive a
+    crash before the source is removed; no unit test can crash the machine, so the guard is
+    ``test_the_target_directory_is_fsynced_after_the_rename`` (tests/unit/.../test_ckpt_copier_hostile.py): it
+    records every directory fsync'd and fails unless the target directory was synced with the new name in it."""
     aside = _set_aside(tfd, name) if existing else None
     try:
         os.rename(partial, name, src_dir_fd=tfd, dst_dir_fd=tfd)
