@@ -4,9 +4,11 @@
 #   ./run.sh diagnose [ansible-playbook args...]  install, then diagnose this machine (read-only); with
 #                                                 -i INVENTORY, the inventory's hosts over their own connection
 #   ./run.sh test                                 install, then the whole test suite, in order:
-#                                                 unit, sanity, lint, molecule
+#                                                 unit, oldest, sanity, lint, molecule
 #   ./run.sh molecule [SCENARIO...]               the named Molecule scenarios (default: all)
-#   ./run.sh deps | unit | sanity | lint | lab-down
+#   ./run.sh deps | unit | oldest | sanity | lint | lab-down
+#                                                 (oldest: the unit and integration tests on the
+#                                                 oldest supported ansible-core, requirements-oldest.txt)
 #   ./run.sh mutants [AREA|PATH...]               mutation testing (mutmut) of the decision code, per
 #                                                 area with the tests that cover it; not part of test
 #
@@ -20,6 +22,7 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$ROOT" || exit 1
 VENV="$ROOT/.venv"
+VENV_OLDEST="$ROOT/.venv-oldest"
 COLLECTIONS="$ROOT/build/collections"
 export PATH="$VENV/bin:$PATH"
 export ANSIBLE_COLLECTIONS_PATH="$COLLECTIONS"
@@ -52,6 +55,18 @@ install_debs() {
 
 python_venv_ok() { python3 -c 'import ensurepip, venv' 2>/dev/null; }
 
+ensure_venv() {
+    # ensure_venv DIR REQUIREMENTS: DIR is a virtualenv with exactly REQUIREMENTS installed (redone when the file changes).
+    local dir=$1 req=$2 stamp="$1/.requirements.sha256" sum
+    sum=$(sha256sum "$req" | cut -d' ' -f1)
+    if [ ! -x "$dir/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
+        log "pip install -r $req into ${dir#"$ROOT"/}"
+        python3 -m venv "$dir" || return 1
+        "$dir/bin/pip" install -q --disable-pip-version-check -r "$req" || return 1
+        echo "$sum" > "$stamp"
+    fi
+}
+
 deps() {
     local want=("${DEB_BASE[@]}")
     [ "${1:-}" = test ] && want+=("${DEB_TEST[@]}")
@@ -59,14 +74,7 @@ deps() {
     if python_venv_ok; then want=("${want[@]/python3-venv/}"); fi
     mapfile -t want < <(printf '%s\n' "${want[@]}" | sed '/^$/d')
     install_debs "${want[@]}" || return 1
-    local stamp="$VENV/.requirements.sha256" sum
-    sum=$(sha256sum requirements-dev.txt | cut -d' ' -f1)
-    if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
-        log "pip install -r requirements-dev.txt into .venv"
-        python3 -m venv "$VENV" || return 1
-        "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements-dev.txt || return 1
-        echo "$sum" > "$stamp"
-    fi
+    ensure_venv "$VENV" requirements-dev.txt || return 1
     # The collection as Ansible finds it: build/collections/ansible_collections/gpunode/tuning -> repo.
     mkdir -p "$COLLECTIONS/ansible_collections/gpunode"
     ln -sfn "$ROOT" "$COLLECTIONS/ansible_collections/gpunode/tuning"
@@ -79,6 +87,17 @@ step_unit() {
     # Exit code 5 means pytest collected no tests: for this suite that is a broken
     # test tree, not a pass.
     if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing the unit step" >&2; fi
+    return "$rc"
+}
+
+step_oldest() {
+    # The unit and integration tests (their localhost playbook runs included) on the oldest supported ansible-core
+    # (requirements-oldest.txt, meta/runtime.yml), in .venv-oldest; the unit step ran them on the newest.
+    ensure_venv "$VENV_OLDEST" requirements-oldest.txt || return 1
+    PATH="$VENV_OLDEST/bin:$PATH" "$VENV_OLDEST/bin/python" -m pytest -q -p no:cacheprovider \
+        -n "${GPUNODE_UNIT_WORKERS:-2}" --dist loadfile tests/unit tests/integration
+    local rc=$?
+    if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing the oldest step" >&2; fi
     return "$rc"
 }
 
@@ -218,13 +237,13 @@ diagnose_argv() {
                        playbooks/diagnose.yml "$@")
     fi
 }
-case "$cmd" in deps | test | unit | sanity | lint | molecule | diagnose | lab-down) need_root ;; esac
+case "$cmd" in deps | test | unit | oldest | sanity | lint | molecule | diagnose | lab-down) need_root ;; esac
 case "$cmd" in
     deps) deps test ;;
     test)
         deps test || { echo "steps: 0 passed, 1 failed (deps)"; exit 1; }
-        run_steps unit sanity lint molecule ;;
-    unit | sanity | lint)
+        run_steps unit oldest sanity lint molecule ;;
+    unit | oldest | sanity | lint)
         deps test || exit 1
         run_steps "$cmd" ;;
     molecule)

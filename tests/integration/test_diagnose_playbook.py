@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# The Ansible of the interpreter that runs the tests (the CI matrix runs them on each supported ansible-core).
+VENV_BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 sys.path.insert(0, str(ROOT / "tests" / "unit" / "fixtures" / "softnet_load"))
 
@@ -92,12 +94,12 @@ def fleet(tmp_path_factory):
 
 def run_playbook(inventory, report_dir, *extra):
     env = dict(os.environ)
-    env["PATH"] = "%s:%s" % (ROOT / ".venv" / "bin", env.get("PATH", ""))
+    env["PATH"] = "%s:%s" % (VENV_BIN, env.get("PATH", ""))
     env["ANSIBLE_COLLECTIONS_PATH"] = os.environ["ANSIBLE_COLLECTIONS_PATH"]  # set by tests/conftest.py
     env["ANSIBLE_NOCOLOR"] = "1"
     env["ANSIBLE_FORKS"] = "6"
     argv = [
-        str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory), str(ROOT / "playbooks" / "diagnose.yml"),
+        str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / "playbooks" / "diagnose.yml"),
         "-e", "diagnose_interval=1", "-e", "diagnose_report_dir=%s" % report_dir,
     ] + list(extra)
     return subprocess.run(argv, env=env, cwd=str(report_dir.parent), capture_output=True, text=True, timeout=300, check=False)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import statistics
 import subprocess
 from pathlib import Path
@@ -24,6 +25,8 @@ import pytest
 from ansible_collections.gpunode.tuning.plugins.module_utils import _nccl_tests
 
 ROOT = Path(__file__).resolve().parents[2]
+# The Ansible of the interpreter that runs the tests (the CI matrix runs them on each supported ansible-core).
+VENV_BIN = Path(sys.executable).parent
 FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "nccl_tests"
 LOGS = dict(
     (label, FIXTURES / ("rtx5090_2rank_all_reduce_socket_%s_3reps_tag_output.md" % label))
@@ -36,7 +39,7 @@ pytestmark = pytest.mark.playbook
 
 def run_playbook(tmp_path, extra_vars, path_first=None):
     env = dict(os.environ)
-    env["PATH"] = "%s:%s" % (ROOT / ".venv" / "bin", env.get("PATH", ""))
+    env["PATH"] = "%s:%s" % (VENV_BIN, env.get("PATH", ""))
     if path_first:
         env["PATH"] = "%s:%s" % (path_first, env["PATH"])
     env["ANSIBLE_COLLECTIONS_PATH"] = os.environ["ANSIBLE_COLLECTIONS_PATH"]  # set by tests/conftest.py
@@ -44,8 +47,8 @@ def run_playbook(tmp_path, extra_vars, path_first=None):
     vars_file = tmp_path / "vars.json"
     vars_file.write_text(json.dumps(extra_vars))
     argv = [
-        str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-        "-e", "ansible_python_interpreter=%s" % (ROOT / ".venv" / "bin" / "python"),
+        str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+        "-e", "ansible_python_interpreter=%s" % (VENV_BIN / "python"),
         str(ROOT / "playbooks" / "nccl_qps_sweep.yml"), "-e", "@%s" % vars_file,
     ]
     return subprocess.run(argv, env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=120, check=False)

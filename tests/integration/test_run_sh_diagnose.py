@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# The Ansible of the interpreter that runs the tests (the CI matrix runs them on each supported ansible-core).
+VENV_BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 sys.path.insert(0, str(ROOT / "tests" / "unit" / "fixtures" / "softnet_load"))
 
@@ -76,7 +78,7 @@ def test_an_unreachable_inventory_host_is_reported_unreachable_not_judged(tmp_pa
     assert "-c" not in argv
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_HOST_KEY_CHECKING="False",
                ANSIBLE_SSH_ARGS="-o ConnectTimeout=5 -o BatchMode=yes",
-               PATH="%s:%s" % (ROOT / ".venv" / "bin", os.environ.get("PATH", "")))
+               PATH="%s:%s" % (VENV_BIN, os.environ.get("PATH", "")))
     result = subprocess.run(argv, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=300, check=False)
     recap = [line for line in result.stdout.splitlines() if line.startswith("node-down ") and "unreachable=" in line]
     assert recap and "unreachable=1" in recap[0], result.stdout[-4000:] + result.stderr[-2000:]

@@ -11,12 +11,23 @@ unit test; tests/unit/plugins/modules/conftest.py offers the fixtures ``fake_exi
 
 from __future__ import annotations
 
+import contextlib
 import json
+from unittest import mock
 
 import pytest
 
 from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
+
+try:
+    from ansible.module_utils.testing import patch_module_args
+except ImportError:  # ansible-core before 2.19 has no testing helper: the module arguments as those cores read them
+    @contextlib.contextmanager
+    def patch_module_args(args=None):
+        """Expose ``args`` to AnsibleModule instances created within this context (ansible-core < 2.19)."""
+        serialized = json.dumps({"ANSIBLE_MODULE_ARGS": dict(args or {})}).encode()
+        with mock.patch.object(basic, "_ANSIBLE_ARGS", serialized):
+            yield
 
 
 class Exit(Exception):

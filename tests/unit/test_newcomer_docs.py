@@ -50,6 +50,25 @@ def test_role_metadata_claims_only_the_tested_platform():
     assert runtime["requires_ansible"] == ">=%s.0" % meta["min_ansible_version"]
 
 
+def test_the_declared_ansible_core_range_is_the_tested_one():
+    """requires_ansible, every role's min_ansible_version and the README name the core CI tests as the oldest
+    (requirements-oldest.txt); the newest is requirements-dev.txt's."""
+    def pinned(name):
+        text = (ROOT / name).read_text()
+        return re.search(r"^ansible-core==(\d+)\.(\d+)\.(\d+)", text, re.M).groups()
+    oldest, newest = pinned("requirements-oldest.txt"), pinned("requirements-dev.txt")
+    assert oldest < newest
+    floor = "%s.%s" % oldest[:2]
+    runtime = yaml.safe_load((ROOT / "meta" / "runtime.yml").read_text())
+    assert runtime["requires_ansible"] == ">=%s.0" % floor
+    for meta in sorted((ROOT / "roles").glob("*/meta/main.yml")):
+        assert yaml.safe_load(meta.read_text())["galaxy_info"]["min_ansible_version"] == floor, meta
+    readme = (ROOT / "README.md").read_text()
+    assert "Needs ansible-core %s or later" % floor in readme
+    assert ".".join(oldest) in readme and ".".join(newest) in readme
+    assert "run_steps unit oldest sanity lint molecule" in (ROOT / "run.sh").read_text()
+
+
 def test_strict_is_described_as_what_the_module_does():
     spec = yaml.safe_load((ROOT / "roles" / "nic_irq_pinning" / "meta" / "argument_specs.yml").read_text())
     text = " ".join(spec["argument_specs"]["main"]["options"]["nic_irq_pinning_strict"]["description"])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.testing import patch_module_args
+from modharness import patch_module_args
 
 from ansible_collections.gpunode.tuning.plugins.filter.diagnose_report import (
     diagnose_collect, diagnose_html, diagnose_markdown)

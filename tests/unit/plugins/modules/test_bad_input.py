@@ -31,10 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.testing import patch_module_args
-
 import treegen
-from modharness import Exit, Fail, install_fake_exits
+from modharness import Exit, Fail, install_fake_exits, patch_module_args
 from ansible_collections.gpunode.tuning.plugins.modules import nic_irq_affinity, nic_irq_facts, softnet_check
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "softnet_load"))

@@ -29,11 +29,10 @@ from pathlib import Path
 import pytest
 
 from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 import modharness
 import treegen
-from modharness import Exit, Fail, install_fake_exits
+from modharness import Exit, Fail, install_fake_exits, patch_module_args
 
 MODULE_DIR = Path(__file__).resolve().parents[4] / "plugins" / "modules"
 PACKAGE = "ansible_collections.gpunode.tuning.plugins.modules."

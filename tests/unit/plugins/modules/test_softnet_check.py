@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.testing import patch_module_args
+from modharness import patch_module_args
 
 from ansible_collections.gpunode.tuning.plugins.modules import softnet_check
 
