@@ -21,7 +21,9 @@ Private module_utils of gpunode.tuning, standard library only.
   :func:`record_refusals`), so a check-mode run on a converged host plans no
   change for them.
 * :func:`run_desired_state` chains them for the ``nic_irq_affinity`` module
-  and for the boot-time CLI in ``_irq_pin_cli``.
+  and for the boot-time CLI in ``_irq_pin_cli``; with ``rps_cpus`` in the
+  desired state it also sets every RX queue's RPS mask (``_rps``), after the
+  pins, and a failed RPS write puts back the RPS masks and the pins.
 
 Assignment rule (deterministic): queue IRQs are grouped by queue index; every
 IRQ of one queue (virtio ``input.K``/``output.K``, separate rx/tx vectors)
@@ -42,10 +44,13 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import Cpu
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import check_roots, join, read_raw, read_text
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import read_irqbalance
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import (
-    SELECTOR_KEYS, NicError, read_irq_state, read_nic, require_named_nic)
+    SELECTOR_KEYS, NicError, read_irq_state, read_nic, require_named_nic, select_interface)
+from ansible_collections.gpunode.tuning.plugins.module_utils._rps import (
+    RpsError, apply_rps, check_rps_cpus, plan_rps, restore_rps, rps_diff, verify_rps)
 from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology, sibling_map
 
-DESIRED_KEYS = SELECTOR_KEYS + ("cpus", "count", "exclude_cpus", "numa_local", "whole_cores", "allow_irqbalance", "strict")
+DESIRED_KEYS = SELECTOR_KEYS + ("cpus", "count", "exclude_cpus", "numa_local", "whole_cores", "allow_irqbalance", "strict",
+                                "rps_cpus")
 MANAGED_ERRNOS = (errno.EIO, errno.EPERM)
 # Refusals seen in this boot, under the system root (root_of(procfs)): IRQ
 # numbers and their managed state are valid for one boot, and /run is emptied
@@ -496,12 +501,56 @@ def root_of(procfs):
     return "/" if path == "/proc" else os.path.dirname(path)
 
 
-def run_desired_state(desired, check_mode=False, procfs="/proc", sysfs="/sys", run=None, write=None):
+def _rps_error(exc):
+    return AffinityError(str(exc), **exc.details)
+
+
+def _plan_rps(nic, topology, plan, rps_cpus, rps_release, sysfs):
+    """The RPS plan of ``nic`` (``_rps.plan_rps``), or None when RPS is not managed: ``rps_cpus`` sets every RX
+    queue; without it, ``rps_release`` (``(pci_address, cpulist)``: the mask a stored desired state had set) puts the
+    queues that still carry that mask back to 0 when it is this NIC."""
+    rps_text = _cpulist_text(rps_cpus)
+    try:
+        if rps_text:
+            cpus = check_rps_cpus(rps_cpus, topology)
+            rps = plan_rps(sysfs, nic["interface"], topology, cpus=cpus)
+            shared = sorted(set(cpus) & set(plan.cpus))
+            if shared:
+                rps["warnings"].append("rps_cpus %s include the IRQ CPUs %s: receive work steered there stays on the "
+                                       "CPUs that take the interrupts" % (format_cpulist(cpus), format_cpulist(shared)))
+            return rps
+        if rps_release and rps_release[1]:
+            if rps_release[0] != nic["pci_address"]:
+                plan.warnings.append("the previous desired state set RPS (%s) on %s, not on this NIC: its RX queues "
+                                     "are left as they are" % (rps_release[1], rps_release[0]))
+                return None
+            return plan_rps(sysfs, nic["interface"], topology, release=rps_release[1])
+    except RpsError as exc:
+        raise _rps_error(exc)
+    return None
+
+
+def _apply_rps(rps, plan, procfs, sysfs, write):
+    """Write the RPS plan after the pins; a failed write puts back the RPS masks written (``apply_rps``) and then
+    every IRQ this run moved, and raises AffinityError naming both."""
+    try:
+        apply_rps(rps, sysfs, write or _write_file)
+    except RpsError as exc:
+        pins = _rollback([i for i in plan.items if i.status == "changed"], procfs, write or _write_file)
+        raise AffinityError("%s; pins: %s" % (exc, pins["summary"]), pins_rolled_back=pins["restored"],
+                            pins_rollback_failed=pins["failed"],
+                            changed=bool(pins["failed"] or exc.details.get("rps_rollback_failed")), **exc.details)
+
+
+def run_desired_state(desired, check_mode=False, procfs="/proc", sysfs="/sys", run=None, write=None, rps_release=None):
     """Read, validate, plan and (unless ``check_mode``) apply one desired state.
 
     ``desired`` keys are the ``nic_irq_affinity`` options (see DESIRED_KEYS).
+    ``rps_release``: ``(pci_address, cpulist)`` of an RPS mask a stored desired
+    state set and this one no longer has (see :func:`_plan_rps`).
     Returns ``changed``, ``interface``, ``pci_address``, ``driver``, ``cpus``,
-    ``cpulist``, ``irqs``, ``warnings``, ``diff``, ``irqbalance``.
+    ``cpulist``, ``irqs``, ``rps`` (per RX queue; [] when RPS is not managed),
+    ``warnings``, ``diff``, ``rps_diff`` (None without RPS), ``irqbalance``.
     """
     unknown = sorted(set(desired) - set(DESIRED_KEYS))
     if unknown:
@@ -531,18 +580,24 @@ def run_desired_state(desired, check_mode=False, procfs="/proc", sysfs="/sys", r
             "irqbalance is active (allowed): it may move these IRQs%s"
             % ("" if set(plan.cpus) <= banned else "; the target CPUs are not all in its banned list")
         )
+    rps = _plan_rps(nic, topology, plan, desired.get("rps_cpus"), rps_release, sysfs)
     if plan.changes and not check_mode:
         apply_plan(plan, procfs=procfs, strict=bool(desired.get("strict")), write=write)
+    if rps is not None and not check_mode:
+        _apply_rps(rps, plan, procfs, sysfs, write)
+    rps_items = rps["queues"] if rps is not None else []
     return {
-        "changed": bool(plan.changes),
+        "changed": bool(plan.changes) or any(i["status"] in ("changed", "would_change") for i in rps_items),
         "interface": nic["interface"],
         "pci_address": nic["pci_address"],
         "driver": nic["driver"],
         "cpus": plan.cpus,
         "cpulist": format_cpulist(plan.cpus),
         "irqs": plan.as_list(),
-        "warnings": list(plan.warnings) + list(nic["notes"]),
+        "rps": rps_items,
+        "warnings": list(plan.warnings) + (rps["warnings"] if rps is not None else []) + list(nic["notes"]),
         "diff": plan.diff(),
+        "rps_diff": rps_diff(rps_items, nic["interface"], nic["pci_address"]) if rps_items else None,
         "irqbalance": {k: irqbalance[k] for k in ("installed", "active", "enabled", "masked", "banned_cpus", "source")},
     }
 
@@ -556,6 +611,7 @@ PIN_ARGUMENT_SPEC = dict(
     whole_cores=dict(type="bool", default=True),
     allow_irqbalance=dict(type="bool", default=False),
     strict=dict(type="bool", default=False),
+    rps_cpus=dict(type="raw"),
 )
 
 
@@ -582,14 +638,43 @@ def stored_desired_state(desired, pci_address):
     for key, default in (("numa_local", True), ("whole_cores", True), ("allow_irqbalance", False), ("strict", False)):
         value = desired.get(key)
         stored[key] = default if value is None else bool(value)
+    rps = _cpulist_text(desired.get("rps_cpus"))
+    if rps:
+        stored["rps_cpus"] = rps
     return stored
+
+
+def release_rps(pci_address, previous, check_mode=False, procfs="/proc", sysfs="/sys", run=None, write=None):
+    """Put RPS back off (mask 0) on the RX queues of the NIC at ``pci_address`` that still carry ``previous`` (the
+    CPU list a stored desired state set), for the removal of the persistence. The interface is found from the PCI
+    address now. Returns ``changed``, ``interface``, ``rps``, ``warnings``, ``diff`` (None when nothing to show);
+    a failed write puts back the masks written before it (AffinityError)."""
+    check_roots(procfs, sysfs, write=True)
+    interface = select_interface({"pci_address": pci_address}, procfs=procfs, sysfs=sysfs, run=run)[0]
+    try:
+        rps = plan_rps(sysfs, interface, read_topology(sysfs=sysfs, procfs=procfs), release=previous)
+        if not check_mode:
+            apply_rps(rps, sysfs, write or _write_file)
+    except RpsError as exc:
+        raise _rps_error(exc)
+    items = rps["queues"]
+    return {"changed": any(i["status"] in ("changed", "would_change") for i in items), "interface": interface,
+            "rps": items, "warnings": rps["warnings"], "diff": rps_diff(items, interface, pci_address) if items else None}
+
+
+def restore_rps_masks(result, sysfs="/sys", write=None):
+    """Put back every RX queue whose RPS mask a :func:`run_desired_state` (or :func:`release_rps`) result changed,
+    newest first, as a failed RPS write does; for a run whose later steps failed. Returns ``restored``, ``failed``,
+    ``summary``."""
+    return restore_rps(result.get("rps"), sysfs, result["interface"], write or _write_file)
 
 
 def verify_pins(result, procfs="/proc", sysfs="/sys", run=None):
     """Read the NIC of ``result`` (from :func:`run_desired_state`) again and compare every
     queue IRQ's smp_affinity_list with its planned value.
 
-    Returns ``mismatch`` (not where planned, or not planned at all), ``unchangeable``
+    Returns ``mismatch`` (not where planned, or not planned at all; and every RX
+    queue whose RPS mask is not the planned one), ``unchangeable``
     (kernel-managed: left out of the comparison, named) and ``lagging`` (effective
     affinity not followed yet: it moves with the next interrupt; never a failure).
     """
@@ -610,6 +695,7 @@ def verify_pins(result, procfs="/proc", sysfs="/sys", run=None):
             out["mismatch"].append("%s: %s, planned %s" % (label, now, item["after"]))
         elif entry["effective_affinity"] is not None and set(entry["effective_affinity"]) - set(entry["affinity"] or []):
             out["lagging"].append("%s: effective %s, set %s" % (label, format_cpulist(entry["effective_affinity"]), now))
+    out["mismatch"] += verify_rps(result.get("rps"), sysfs, nic["interface"])
     return out
 
 
@@ -625,5 +711,7 @@ __all__ = [
     "plan_affinity",
     "read_refusals",
     "record_refusals",
+    "release_rps",
+    "restore_rps_masks",
     "run_desired_state",
 ]

@@ -13,7 +13,9 @@ systemd unit and a udev rule::
 
 The JSON file holds one desired state (the ``nic_irq_affinity`` options:
 interface/pci_address/mac/cidr, cpus or count, exclude_cpus, numa_local,
-whole_cores, allow_irqbalance, strict) or a list of them. Optional
+whole_cores, allow_irqbalance, strict, rps_cpus) or a list of them. With
+``rps_cpus`` every RX queue's RPS mask is set too (on the interface found
+from the PCI address at that moment), by the same code as the module. Optional
 ``procfs_path``/``sysfs_path`` keys point at another tree (tests).
 
 Prints one line per IRQ for the journal and exits 0 on success, 1 on any
@@ -65,6 +67,9 @@ def _summary(result, check):
         lines.append("%s irq %d %s queue %s: %s -> %s (%s)" % (
             result["interface"], item["irq"], item["name"] or "?", "-" if item["queue"] is None else item["queue"],
             item["before"], item["after"], item["status"]))
+    for item in result.get("rps") or []:
+        lines.append("%s rx-%d rps_cpus: %s -> %s (%s)"
+                     % (result["interface"], item["queue"], item["before"], item["after"], item["status"]))
     for warning in result["warnings"]:
         lines.append("%s warning: %s" % (result["interface"], warning))
     lines.append("%s (%s): %s, target CPUs %s%s" % (

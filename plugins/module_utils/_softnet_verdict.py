@@ -339,8 +339,9 @@ FINDINGS = (
     ("irq_cpus_saturated", "IRQ CPUs saturated by packet rate",
      "an IRQ CPU with usr below {user_pct} % squeezes {squeeze_rate} times per second or more",
      "give the NIC's queue IRQs more CPUs (a wider IRQ CPU list for nic_irq_pinning), or spread the receive "
-     "softirq over more CPUs with RPS (the RX queues' rps_cpus; it costs an inter-CPU hop per packet). More "
-     "queues do not help: the CPUs that take the interrupts are what is short."),
+     "softirq over housekeeping CPUs with RPS (nic_irq_pinning_rps_cpus, the RX queues' rps_cpus; it costs an "
+     "inter-CPU hop per packet, an IPI and a cache-line transfer). More queues do not help: the CPUs that take the "
+     "interrupts are what is short."),
 )
 
 

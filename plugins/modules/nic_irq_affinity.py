@@ -50,7 +50,8 @@ attributes:
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
-    details: A table of IRQ, name, queue and affinity before and after.
+    details: A table of IRQ, name, queue and affinity before and after; with O(rps_cpus), a table of every RX queue's
+      C(rps_cpus) before and after.
 extends_documentation_fragment:
   - gpunode.tuning.nic_selector
 options:
@@ -94,6 +95,21 @@ options:
         boot) fails the run before anything is written.
     type: bool
     default: false
+  rps_cpus:
+    description:
+      - Receive Packet Steering (the seed article's step 5 note). A CPU list string (C(0-3)) or a list of integers;
+        every RX queue's C(/sys/class/net/IFACE/queues/rx-N/rps_cpus) is set to that mask (hex, comma separated
+        32-bit words, as the kernel prints it), after the pins. The interface is found from the selector (the PCI
+        function) on every run. Empty or omitted leaves RPS alone.
+      - With RPS, the receive softirq work of each queue is steered (by flow hash) to these CPUs through an IPI; the
+        IRQ CPU only takes the hard IRQ and hands the packet off. That costs an inter-CPU hop per packet (a
+        cache-line transfer and an IPI, extra latency), so it is for IRQ CPUs saturated by packet rate
+        (M(gpunode.tuning.softnet_check)'s finding V(irq_cpus_saturated)) only. Use housekeeping CPUs, not the
+        workload's; including the IRQ CPUs warns.
+      - Every CPU must exist and be online, and not be isolcpus (domain) or nohz_full (the kernel drops those from an
+        RPS mask silently). Check mode and C(--diff) show every queue's mask before and after; a failed write puts
+        back the masks already written and the IRQs this run moved.
+    type: raw
 notes:
   - Pins set through C(/proc/irq) do not survive a reboot, a queue count change (C(ethtool -L)), a link down/up on
     some drivers, or a driver rebind. Use the C(gpunode.tuning.nic_irq_pinning) role to reapply them.
@@ -185,6 +201,35 @@ irqs:
         affinity not yet followed) or V(unchangeable) (kernel-managed IRQ: shown by debugfs, refused now, or refused
         earlier in this boot; not counted as a change).
       type: str
+rps:
+  description:
+    - With O(rps_cpus), every RX queue of the NIC; empty when RPS is not managed.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    queue:
+      description: RX queue number (C(rx-N)).
+      type: int
+    before:
+      description: C(rps_cpus) before this run, as the kernel prints it (C(00) is RPS off).
+      type: str
+      sample: "00"
+    after:
+      description: C(rps_cpus) after this run (read back after a write), or planned in check mode.
+      type: str
+      sample: "30"
+    before_cpus:
+      description: The mask before, as a CPU list; empty for RPS off.
+      type: str
+    after_cpus:
+      description: After, as a CPU list.
+      type: str
+      sample: "4-5"
+    status:
+      description: V(unchanged), V(changed), V(would_change) (check mode), or V(kept) (a release left a queue that
+        carries a mask the collection did not set).
+      type: str
 irqbalance:
   description: irqbalance state seen before planning.
   returned: success
@@ -227,6 +272,7 @@ INPUT_RULES = {
     "cidr": "cidr",
     "cpus": "cpulist",
     "exclude_cpus": "cpulist",
+    "rps_cpus": "cpulist",
 }
 
 
@@ -244,9 +290,13 @@ def main():
         result = run_desired_state(desired, check_mode=module.check_mode, procfs=procfs, sysfs=sysfs,
                                    run=runner_for_roots(module, procfs, sysfs))
     except (AffinityError, NicError, TreeError) as exc:
-        module.fail_json(msg=str(exc), changed=False, **exc.details)
+        details = dict(exc.details)
+        details.setdefault("changed", False)   # True only when a rollback could not put something back
+        module.fail_json(msg=str(exc), **details)
     warnings = result.pop("warnings")
-    exit_with(module, result, result.pop("diff"), warnings)
+    rps_diff = result.pop("rps_diff")
+    diff = result.pop("diff")
+    exit_with(module, result, [diff, rps_diff] if rps_diff else diff, warnings)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,13 @@ description:
     something could not be put back (or irqbalance's pass changed something, see O(irqbalance))."
   - After pinning, every queue IRQ's C(smp_affinity_list) is read back and compared with the plan (O(verify)).
     Kernel-managed IRQs (V(unchangeable)) are left out of the comparison and named in RV(unchangeable).
+  - "RPS (O(rps_cpus), the seed article's step 5 note): every RX queue's C(rps_cpus) is set after the pins, with the
+    code of M(gpunode.tuning.nic_irq_affinity); the value is stored in O(state_file), so the boot unit, the udev rule,
+    the if-up hook and the re-check set it again (on the interface found from the PCI address then). It is read back
+    with the pins (O(verify)) and put back with them when a later step fails. When a run leaves O(rps_cpus) out
+    while the stored state had it, and with O(state=absent), every RX queue that still carries the stored mask is
+    set back to 0 (RPS off, the kernel's default), a queue with another mask is left as it is with a warning; the
+    masks before the collection's first run are not recorded."
   - On a captured or generated tree (O(procfs_path)/O(sysfs_path) not the live ones), the files go under that tree's
     root and no command (systemctl, udevadm) runs; the systemd actions are reported as they would be.
 author:
@@ -52,14 +59,15 @@ attributes:
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
-    details: The IRQ table, and before/after of every file that differs (library sources by name only).
+    details: The IRQ table, the RX queues' C(rps_cpus) (with O(rps_cpus)), and before/after of every file that differs
+      (library sources by name only).
 extends_documentation_fragment:
   - gpunode.tuning.nic_selector
 options:
   state:
     description:
-      - V(present) pins and installs; V(absent) stops and disables the units, removes every file the collection
-        installed, and leaves the IRQs where they are.
+      - V(present) pins and installs; V(absent) stops and disables the units, sets the RPS masks the stored state set
+        back to 0, removes every file the collection installed, and leaves the IRQs where they are.
     type: str
     choices: [present, absent]
     default: present
@@ -88,6 +96,13 @@ options:
     description: Fail instead of warning when the plan cannot be met exactly or a write is refused.
     type: bool
     default: false
+  rps_cpus:
+    description:
+      - Policy - RPS, as M(gpunode.tuning.nic_irq_affinity)'s O(gpunode.tuning.nic_irq_affinity#module:rps_cpus)
+        (a CPU list string or a list of integers, housekeeping CPUs; it costs an inter-CPU hop per packet, so only
+        for IRQ CPUs saturated by packet rate). Stored in O(state_file) and applied at every boot and re-check.
+        Empty or omitted leaves RPS alone, and sets back to 0 the queues a previously stored mask still holds.
+    type: raw
   assume_irqbalance_stopped:
     description:
       - Plan although irqbalance is active, as if it were already stopped. For check mode of a play that stops
@@ -179,6 +194,7 @@ notes:
 seealso:
   - module: gpunode.tuning.nic_irq_affinity
   - module: gpunode.tuning.nic_irq_facts
+  - module: gpunode.tuning.softnet_check
 """
 
 EXAMPLES = r"""
@@ -219,8 +235,18 @@ irqs:
   returned: state=present
   type: list
   elements: dict
+rps:
+  description:
+    - Every RX queue whose RPS mask is managed (O(rps_cpus), or released by O(state=absent) or a run without it), as
+      M(gpunode.tuning.nic_irq_affinity) returns them (C(queue), C(before), C(after) as the kernel prints the mask,
+      C(before_cpus), C(after_cpus), C(status)). Empty when RPS is not managed.
+  returned: always
+  type: list
+  elements: dict
 drift:
-  description: The queue IRQs that differed from the plan, as C(IRQ NAME, BEFORE -> AFTER).
+  description:
+    - The queue IRQs that differed from the plan, as C(IRQ NAME, BEFORE -> AFTER), then the RX queues whose RPS mask
+      differed, as C(rx-N rps_cpus, BEFORE -> AFTER) (CPU lists, C(none) for RPS off).
   returned: state=present
   type: list
   elements: str
@@ -267,8 +293,8 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, exit_with, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
-    DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, restore_pins, root_of, run_desired_state, stored_desired_state,
-    verify_pins)
+    DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, release_rps, restore_pins, restore_rps_masks, root_of, run_desired_state,
+    stored_desired_state, verify_pins)
 # Imported so that AnsiballZ ships the entry point's whole import closure, which is installed from this payload.
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_pin_cli import main as _entry_point_main  # noqa: F401
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state import SETTINGS_SPEC, StateError, finish, os_family, prepare
@@ -276,6 +302,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTO
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
     HEADER, PKG_DIR, RECHECK_UNIT, TIMER, UDEV_RULE, UNIT, UNIT_DIR, PersistError, apply_files, installed_library, owned_paths,
     plan_files, render, rollback_files, rooted, systemctl_show)
+from ansible_collections.gpunode.tuning.plugins.module_utils._rps import rps_drift
 from ansible_collections.gpunode.tuning.plugins.module_utils._validate import InputError, check_own_file, validate_module
 
 ARGUMENT_SPEC = dict(
@@ -316,6 +343,20 @@ def _validate(module, params):
     if lib in ("/usr", "/usr/local", "/usr/lib", "/usr/local/lib", "/etc", "/opt", "/var", "/var/lib"):
         module.fail_json(msg="lib_dir %r: expected a directory of its own (for example /usr/local/lib/gpunode-tuning), "
                          "not a system directory" % params["lib_dir"], option="lib_dir", value=params["lib_dir"])
+
+
+def _stored_rps(settings, root):
+    """``(pci_address, rps_cpus)`` of the desired state stored by an earlier run, or None when it set no RPS mask
+    (no file, not this module's JSON, no ``rps_cpus``)."""
+    try:
+        with open(rooted(root, settings["state_file"]), "rb") as handle:
+            data = handle.read()
+        stored = json.loads(data.decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stored, dict) or not isinstance(stored.get("rps_cpus"), str) or not stored["rps_cpus"]:
+        return None
+    return stored.get("pci_address"), stored["rps_cpus"]
 
 
 def _is_state_file(data):
@@ -421,8 +462,10 @@ def _present(module, params, procfs, sysfs, run):
     # Planned as if irqbalance were already stopped when this run (or the play, before this task) stops it.
     stopped_first = params["assume_irqbalance_stopped"] or irqbalance is not None
     run_desired = dict(desired, allow_irqbalance=True) if stopped_first else desired
-    # Validate and plan everything (IRQs and files) before the first write.
-    plan = run_desired_state(run_desired, check_mode=True, procfs=procfs, sysfs=sysfs, run=run)
+    # rps_cpus left out while the stored state set a mask: the queues that still carry it go back to 0.
+    rps_release = _stored_rps(settings, root) if params["persist"] and not desired["rps_cpus"] else None
+    # Validate and plan everything (IRQs, RPS and files) before the first write.
+    plan = run_desired_state(run_desired, check_mode=True, procfs=procfs, sysfs=sysfs, run=run, rps_release=rps_release)
     if not plan["pci_address"]:
         raise AffinityError("%s has no PCI function: expected a PCI network function, whose address finds it again "
                             "at boot" % plan["interface"], value=plan["interface"], expected="a PCI network function")
@@ -441,7 +484,7 @@ def _present(module, params, procfs, sysfs, run):
         irqbalance_result, irqbalance_diff = finish(prepared)
     try:
         out, warnings, diff = _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desired, files,
-                                               actions, settings, root, irqbalance_result)
+                                               actions, settings, root, irqbalance_result, rps_release)
     except (AffinityError, NicError, TreeError, PersistError) as exc:
         if irqbalance_result is not None:   # irqbalance's pass is done: say so in the failure
             exc.details.update(irqbalance_state=irqbalance_result,
@@ -451,7 +494,7 @@ def _present(module, params, procfs, sysfs, run):
 
 
 def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desired, files, actions, settings, root,
-                     irqbalance_result):
+                     irqbalance_result, rps_release=None):
     if module.check_mode or not (plan["changed"] or (irqbalance_result or {}).get("changed")):
         # Nothing to pin and irqbalance as it was: the plan is the outcome (the read-back below still reads the IRQs).
         result = plan
@@ -461,7 +504,7 @@ def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desi
         # (On a captured tree no systemctl ran, so the tree's irqbalance still looks as it was: plan as for check mode.)
         handled_live = params["irqbalance"] is not None and run is not None
         result = run_desired_state(desired if handled_live else run_desired, check_mode=False, procfs=procfs,
-                                   sysfs=sysfs, run=run)
+                                   sysfs=sysfs, run=run, rps_release=rps_release)
     systemd = Systemd(module, run is not None, module.check_mode)
     changed_files = [a for a in actions if a["action"] != "unchanged"]
     undo_files = None
@@ -490,13 +533,13 @@ def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desi
                     systemd.do(["systemctl", "enable", "--now", TIMER], "enable --now %s" % TIMER,
                                undo=_undo_enable_now(TIMER, timer))
         except PersistError as exc:
-            raise _roll_back(exc, systemd, undo_files, changed_files, result, procfs)
+            raise _roll_back(exc, systemd, undo_files, changed_files, result, procfs, sysfs)
     out = dict(
         changed=bool(result["changed"] or changed_files or systemd.actions),
         interface=result["interface"], pci_address=result["pci_address"], cpulist=result["cpulist"], cpus=result["cpus"],
-        irqs=result["irqs"], irqbalance=result["irqbalance"],
+        irqs=result["irqs"], rps=result["rps"], irqbalance=result["irqbalance"],
         drift=["%s %s: %s -> %s" % (i["irq"], i["name"], i["before"], i["after"])
-               for i in result["irqs"] if i["status"] in ("changed", "would_change")],
+               for i in result["irqs"] if i["status"] in ("changed", "would_change")] + rps_drift(result["rps"]),
         files=[dict((k, a[k]) for k in ("path", "action", "reason", "mode")) for a in actions],
         systemd=systemd.actions, verified=None, unchangeable=[], effective_lagging=[],
     )
@@ -511,9 +554,10 @@ def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desi
             exc = PersistError("after pinning, queue IRQs of %s are not on their planned CPUs (something moved them: "
                                "is irqbalance running?): %s" % (result["pci_address"], "; ".join(check["mismatch"])),
                                **out)
-            raise _roll_back(exc, systemd, undo_files, changed_files, result, procfs)
-    diff = [result["diff"]] + [{"before_header": a["path"], "after_header": a["path"], "before": a["before"],
-                                "after": a["after"]} for a in changed_files if a["before"] or a["after"]]
+            raise _roll_back(exc, systemd, undo_files, changed_files, result, procfs, sysfs)
+    diff = [result["diff"]] + ([result["rps_diff"]] if result["rps_diff"] else []) + [
+        {"before_header": a["path"], "after_header": a["path"], "before": a["before"], "after": a["after"]}
+        for a in changed_files if a["before"] or a["after"]]
     return out, warnings, diff
 
 
@@ -537,11 +581,11 @@ def _undo_disable_now(unit, props):
     return []
 
 
-def _roll_back(exc, systemd, undo_files, changed_files, result, procfs):
+def _roll_back(exc, systemd, undo_files, changed_files, result, procfs, sysfs):
     """A step after the pins failed (a file, systemctl, the read-back): put back what this run did, so a failed run
     leaves the node as it found it - the units it enabled or started stopped and disabled, the files (bytes, mode,
     owner, or absence; after a failed write ``apply_files`` has already put them back), systemd and udev reloaded,
-    what it disabled enabled again, the IRQs it moved. irqbalance's pass, which ran before the pins, is not undone (it
+    what it disabled enabled again, the RPS masks it wrote, the IRQs it moved. irqbalance's pass, which ran before the pins, is not undone (it
     is reported with the failure). Returns the error to raise: what was put back, what could not be, and ``changed``
     true only when something could not."""
     files = {"restored": [], "failed": list(exc.details.get("rollback_failed") or [])}
@@ -554,6 +598,7 @@ def _roll_back(exc, systemd, undo_files, changed_files, result, procfs):
     paths = [a["path"] for a in changed_files]
     restored, failed = systemd.roll_back(restore_files, undo_files is not None and any(
         p.startswith(UNIT_DIR + "/") for p in paths), undo_files is not None and UDEV_RULE in paths)
+    rps = restore_rps_masks(result, sysfs=sysfs)
     pins = {"restored": [], "failed": [], "summary": "none moved"}
     if any(item["status"] == "changed" for item in result["irqs"]):
         pins = restore_pins(result["irqs"], procfs=procfs)
@@ -564,10 +609,13 @@ def _roll_back(exc, systemd, undo_files, changed_files, result, procfs):
     if restored or failed:
         parts.append("systemd: %s%s" % (", ".join(restored) or "nothing", "; FAILED: %s" % ", ".join(failed)
                                         if failed else ""))
+    if rps["restored"] or rps["failed"]:
+        parts.append("RPS: %s" % rps["summary"])
     parts.append("pins: %s" % pins["summary"])
     details = dict(exc.details, files_rolled_back=files["restored"], rollback_failed=files["failed"],
                    systemd_rolled_back=restored, systemd_rollback_failed=failed, pins_rolled_back=pins["restored"],
-                   pins_rollback_failed=pins["failed"], changed=bool(files["failed"] or failed or pins["failed"]))
+                   pins_rollback_failed=pins["failed"], rps_rolled_back=rps["restored"], rps_rollback_failed=rps["failed"],
+                   changed=bool(files["failed"] or failed or pins["failed"] or rps["failed"]))
     return PersistError("%s; rolled back: %s" % (exc, "; ".join(parts)), **details)
 
 
@@ -577,27 +625,46 @@ def _absent(module, params, procfs, sysfs, run):
     actions = plan_files({}, owned_paths(settings, root), root,
                          diff_skip=("%s/%s/" % (settings["lib_dir"].rstrip("/"), PKG_DIR),))
     prepared = _irqbalance_prepare(module, params, root, sysfs, run) if params["irqbalance"] is not None else None
+    # The RPS masks the stored state set go back to 0 (planned and checked here, written after the units stop, so
+    # no re-check sets them again; a failed removal of the files puts them back).
+    stored, rps, warnings = _stored_rps(settings, root), None, []
+    if stored is not None:
+        try:
+            rps = release_rps(stored[0], stored[1], check_mode=True, procfs=procfs, sysfs=sysfs, run=run)
+        except NicError as exc:
+            warnings.append("the RPS masks the stored state set (%s) are left as they are: %s" % (stored[1], exc))
     systemd = Systemd(module, run is not None, module.check_mode)
     for unit in (TIMER, UNIT):
         if os.path.exists(rooted(root, "%s/%s" % (UNIT_DIR, unit))):
             systemd.do(["systemctl", "disable", "--now", unit], "disable --now %s" % unit)
+    if rps is not None and rps["changed"] and not module.check_mode:
+        rps = release_rps(stored[0], stored[1], check_mode=False, procfs=procfs, sysfs=sysfs, run=run)
     if not module.check_mode:
-        apply_files({}, actions, root, prune_within=settings["lib_dir"])
+        try:
+            apply_files({}, actions, root, prune_within=settings["lib_dir"])
+        except PersistError as exc:
+            if rps is None:
+                raise
+            back = restore_rps_masks(rps, sysfs=sysfs)
+            raise PersistError("%s; RPS: %s" % (exc, back["summary"]), rps_rolled_back=back["restored"],
+                               rps_rollback_failed=back["failed"], changed=bool(back["failed"]), **exc.details)
     if any(a["path"].startswith(UNIT_DIR + "/") for a in actions):
         systemd.do(["systemctl", "daemon-reload"], "daemon-reload")
     if any(a["path"] == UDEV_RULE for a in actions):
         systemd.do(["udevadm", "control", "--reload"], "udevadm control --reload")
-    out = dict(changed=bool(actions or systemd.actions),
+    out = dict(changed=bool(actions or systemd.actions or (rps and rps["changed"])),
                files=[dict((k, a[k]) for k in ("path", "action", "reason", "mode")) for a in actions],
-               systemd=systemd.actions)
-    diff = [{"before_header": a["path"], "after_header": "(absent)", "before": a["before"], "after": ""}
-            for a in actions if a["before"]]
+               systemd=systemd.actions, rps=rps["rps"] if rps else [])
+    diff = ([rps["diff"]] if rps and rps["diff"] else []) + [
+        {"before_header": a["path"], "after_header": "(absent)", "before": a["before"], "after": ""}
+        for a in actions if a["before"]]
+    warnings += rps["warnings"] if rps else []
     if prepared is not None:
         # After the persistence is gone, so nothing of the collection pins behind the irqbalance given back.
         irqbalance_result, irqbalance_diff = finish(prepared)
         out.update(irqbalance_state=irqbalance_result, changed=bool(out["changed"] or irqbalance_result["changed"]))
         diff += irqbalance_diff
-    return out, [], diff
+    return out, warnings, diff
 
 
 # Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
@@ -605,6 +672,7 @@ INPUT_RULES = {
     "cidr": "cidr",
     "cpus": "cpulist",
     "exclude_cpus": "cpulist",
+    "rps_cpus": "cpulist",
     "recheck_interval": "timespan",
 }
 
