@@ -39,6 +39,7 @@ kernel's "no restriction of its own").
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
@@ -55,6 +56,12 @@ DEFAULT_DROPIN = "50-gpunode-cpuset.conf"
 SYSTEM_CONF_DIR = "/etc/systemd/system.conf.d"
 CGROUP = "fs/cgroup"
 STATES = ("present", "absent")
+SYSTEM_SLICE = "system.slice"
+# How system.slice's work is kept on the housekeeping CPUs: its own AllowedCPUs= (slice), or every service's through
+# the top-level service.d drop-in (services), which leaves scopes in system.slice - Slurm's slurmstepd.scope up to
+# Slurm 25.05 - free to get the workload CPUs; auto picks services where slurmd is installed or its scope runs.
+SYSTEM_SLICE_MODES = ("auto", "slice", "services")
+SERVICES_DIR = "service.d"
 ROOT_SLICE = "-.slice"
 # Where else the system manager reads a unit's fragment and drop-ins (systemd.unit(5), unit load path).
 CONFIG_DIRS = ("/etc/systemd/system.control", "/run/systemd/system.control", "/run/systemd/transient",
@@ -70,7 +77,9 @@ ARGUMENT_SPEC = dict(
     reserved_cpus=dict(type="str", default=""),
     workload_cpus=dict(type="str"),
     housekeeping_units=dict(type="list", elements="str", default=list(DEFAULT_UNITS)),
+    system_slice=dict(type="str", choices=list(SYSTEM_SLICE_MODES), default="auto"),
     workload_slice=dict(type="str", default=DEFAULT_SLICE),
+    workload_units=dict(type="list", elements="str", default=[]),
     cpu_affinity=dict(type="bool", default=False),
     dropin_name=dict(type="str", default=DEFAULT_DROPIN),
     state=dict(type="str", choices=list(STATES), default="present"),
@@ -195,8 +204,31 @@ def check_params(params):
                 "housekeeping unit %s is inside workload_slice %s (a dash in a slice name means a parent slice: its "
                 "cgroup is %s), so it could never get CPUs outside the workload's" % (unit, workload, slice_path(unit)),
                 option="housekeeping_units", value=unit, expected="a unit outside %s" % workload)
+    mode = params.get("system_slice") or "auto"
+    if mode not in SYSTEM_SLICE_MODES:
+        raise SliceError("system_slice %r: expected one of %s" % (mode, ", ".join(SYSTEM_SLICE_MODES)), option="system_slice",
+                         value=mode, expected=list(SYSTEM_SLICE_MODES))
+    extra = []
+    raw_extra = params.get("workload_units") or []
+    if not isinstance(raw_extra, (list, tuple)):
+        raise SliceError("workload_units %r: expected a list of .slice and .scope unit names" % (raw_extra,),
+                         option="workload_units", value=raw_extra, expected="a list such as [machine.slice]")
+    for unit in raw_extra:
+        why = unit_name_problem(unit)
+        if not why and unit == ROOT_SLICE:
+            why = "it is the root slice"
+        if not why and unit == workload:
+            why = "it is the workload slice itself, which gets the workload CPUs from its own file"
+        if not why and (unit in units or unit in parent_slices(workload) or any(u in parent_slices(unit) for u in units)):
+            why = "it is (or is inside) a housekeeping unit or a parent of the workload slice"
+        if why:
+            raise SliceError("workload_units entry %r cannot be given the workload CPUs: %s" % (unit, why),
+                             option="workload_units", value=unit, expected="a slice or scope such as machine.slice (podman's)")
+        if unit not in extra:
+            extra.append(unit)
     root = params.get("root") or "/"
-    out = dict(params, state=state, dropin_name=dropin, housekeeping_units=units, workload_slice=workload, root=root)
+    out = dict(params, state=state, dropin_name=dropin, housekeeping_units=units, workload_slice=workload, root=root,
+               system_slice=mode, workload_units=extra)
     return out
 
 
@@ -207,12 +239,29 @@ def header(dropin):
     return "# Managed by gpunode.tuning (cpuset_slices module, %s): local changes are overwritten.\n" % dropin
 
 
-def dropin_text(unit, cpus, dropin, workload_slice):
+def dropin_text(unit, cpus, dropin, workload_slice, workload=False):
     section = "Scope" if unit.endswith(".scope") else "Slice"
+    if workload:
+        return (header(dropin)
+                + "# %s holds workload (containers): it runs on the workload CPUs, as %s does.\n" % (unit, workload_slice)
+                + "[%s]\nAllowedCPUs=%s\n" % (section, cpus))
     return (header(dropin)
             + "# %s runs on the housekeeping CPUs (NIC IRQs, reserved CPUs); the workload\n" % unit
             + "# runs on the other CPUs, in %s.\n" % workload_slice
             + "[%s]\nAllowedCPUs=%s\n" % (section, cpus))
+
+
+def services_text(cpus, dropin, why):
+    return (header(dropin)
+            + "# Every service runs on the housekeeping CPUs; system.slice itself is not confined, so that\n"
+            + "# scopes in it get the workload CPUs (%s).\n" % why
+            + "# A service in the workload slice keeps that slice's CPUs: none of these is in them, and the\n"
+            + "# kernel then gives the cgroup its parent's CPUs (cgroup-v2.rst, cpuset.cpus.effective).\n"
+            + "[Service]\nAllowedCPUs=%s\n" % cpus)
+
+
+def services_path(dropin):
+    return "%s/%s/%s" % (UNIT_DIR, SERVICES_DIR, dropin)
 
 
 def slice_text(name, cpus, dropin):
@@ -238,10 +287,14 @@ def dropin_path(unit, dropin):
     return "%s/%s.d/%s" % (UNIT_DIR, unit, dropin)
 
 
-def render(units, workload_slice, housekeeping, workload, dropin, cpu_affinity):
-    """{path: (bytes, mode)} of a present state."""
+def render(units, workload_slice, housekeeping, workload, dropin, cpu_affinity, workload_units=(), services_why=None):
+    """{path: (bytes, mode)} of a present state (``services_why``: the services drop-in, and why)."""
     house, work = format_cpulist(housekeeping), format_cpulist(workload)
     files = dict((dropin_path(u, dropin), (dropin_text(u, house, dropin, workload_slice).encode(), 0o644)) for u in units)
+    for unit in workload_units:
+        files[dropin_path(unit, dropin)] = (dropin_text(unit, work, dropin, workload_slice, workload=True).encode(), 0o644)
+    if services_why:
+        files[services_path(dropin)] = (services_text(house, dropin, services_why).encode(), 0o644)
     files["%s/%s" % (UNIT_DIR, workload_slice)] = (slice_text(workload_slice, work, dropin).encode(), 0o644)
     if cpu_affinity:
         files["%s/%s" % (SYSTEM_CONF_DIR, dropin)] = (affinity_text(house, dropin).encode(), 0o644)
@@ -269,6 +322,10 @@ def owned_files(root, dropin):
                 found[dropin_path(name[:-2], dropin)] = ("dropin", name[:-2])
         elif name.endswith(".slice") and os.path.isfile(path) and not os.path.islink(path) and _ours(path, dropin):
             found["%s/%s" % (UNIT_DIR, name)] = ("slice", name)
+        elif name == SERVICES_DIR and os.path.isdir(path) and not os.path.islink(path):
+            conf = os.path.join(path, dropin)
+            if os.path.isfile(conf) and not os.path.islink(conf) and _ours(conf, dropin):
+                found[services_path(dropin)] = ("services", None)
     conf = "%s/%s" % (SYSTEM_CONF_DIR, dropin)
     if os.path.isfile(rooted(root, conf)) and _ours(rooted(root, conf), dropin):
         found[conf] = ("affinity", None)
@@ -316,6 +373,51 @@ def overriding_file(root, unit, after, owned):
     return None
 
 
+def slurm_steps_in_system_slice(root, sysfs):
+    """Why Slurm's job steps run in system.slice on this node, or None. Slurm's cgroup/v2 plugin starts
+    ``slurmstepd.scope`` over D-Bus with no Slice= up to 25.05 (src/plugins/cgroup/v2/cgroup_dbus.c: PIDs, Delegate,
+    TasksMax), so systemd puts it in system.slice, and polls ``<mnt>/system.slice/slurmstepd.scope`` (cgroup_v2.c,
+    22.05.8); 25.11's cgroup.conf CgroupSlice= can move it (then give system_slice=slice)."""
+    if os.path.isdir(join(sysfs, CGROUP, SYSTEM_SLICE, "slurmstepd.scope")):
+        return "Slurm's slurmstepd.scope, which holds the job steps, runs in system.slice"
+    for base in CONFIG_DIRS:
+        if base == "/run/systemd/transient":
+            continue
+        path = "%s/slurmd.service" % base
+        if os.path.isfile(rooted(root, path)):
+            return ("slurmd is installed (%s): Slurm's cgroup/v2 plugin runs job steps in system.slice/slurmstepd.scope "
+                    "(up to 25.05; CgroupSlice= in 25.11 can move them)" % path)
+    return None
+
+
+def overriding_services_file(root, dropin, owned):
+    """Another top-level service.d drop-in that sets AllowedCPUs= and sorts after ours, or None."""
+    for base in CONFIG_DIRS:
+        directory = "%s/%s" % (base, SERVICES_DIR)
+        for name in list_dir(rooted(root, directory)):
+            path = "%s/%s" % (directory, name)
+            if name.endswith(".conf") and path not in owned and name > dropin:
+                text = read_raw(rooted(root, path))
+                if text and _ANY_ALLOWED_RE.search(text):
+                    return path
+    return None
+
+
+def restricted_services(cgroot):
+    """The running services with a cpuset.cpus of their own (relative cgroup path by unit), anywhere in the tree."""
+    found, todo = {}, [""]
+    while todo:
+        rel = todo.pop(0)
+        here = os.path.join(cgroot, rel) if rel else cgroot
+        for name in list_dir(here):
+            sub = "%s/%s" % (rel, name) if rel else name
+            if name.endswith(".slice") and os.path.isdir(os.path.join(here, name)):
+                todo.append(sub)
+            elif name.endswith(".service") and read_text(os.path.join(here, name, "cpuset.cpus")):
+                found[name] = sub
+    return found
+
+
 # ---------------------------------------------------------------- cgroups --
 
 def cgroup_v2_problem(sysfs):
@@ -356,16 +458,23 @@ def read_live(cgroot, unit):
     ancestor's when it has none of its own (the CPUs its processes may use). All None when it has no cgroup."""
     rel = cgroup_of(cgroot, unit)
     if rel is None:
-        return {"cgroup": None, "cpus": None, "effective": None, "populated": False}
+        return {"cgroup": None, "cpus": None, "effective": None, "populated": False, "parent_effective": None}
     cpus = read_text(os.path.join(cgroot, rel, "cpuset.cpus"))
+    effective = _nearest_effective(cgroot, rel)
+    events = read_text(os.path.join(cgroot, rel, "cgroup.events")) or ""
+    return {"cgroup": rel, "cpus": cpus, "effective": effective, "populated": "populated 1" in events.splitlines(),
+            "parent_effective": _nearest_effective(cgroot, os.path.dirname(rel)) if rel else None}
+
+
+def _nearest_effective(cgroot, rel):
+    """cpuset.cpus.effective of ``rel``, or of its nearest ancestor that has the file."""
     effective, here = None, rel
     while effective is None:
         effective = read_text(os.path.join(cgroot, here, "cpuset.cpus.effective"))
         if not here:
             break
         here = os.path.dirname(here)
-    events = read_text(os.path.join(cgroot, rel, "cgroup.events")) or ""
-    return {"cgroup": rel, "cpus": cpus, "effective": effective, "populated": "populated 1" in events.splitlines()}
+    return effective
 
 
 def _as_set(text):
@@ -381,7 +490,10 @@ def drift_of(want, live):
     if live["cgroup"] is None:
         return None
     if want is None:
-        if live["cpus"]:
+        # No restriction of its own: empty, or (where the kernel refuses an empty list for a cgroup with tasks) every
+        # CPU its parent has.
+        parent = _as_set(live.get("parent_effective") or "")
+        if live["cpus"] and not (parent and (_as_set(live["cpus"]) or set()) >= parent):
             return "cpuset.cpus is %s, want no restriction of its own" % live["cpus"]
         return None
     if live["cpus"] is None:
@@ -409,7 +521,13 @@ def _present(p, sysfs):
         raise SliceError(str(exc), **exc.details)
     units, workload_slice = p["housekeeping_units"], p["workload_slice"]
     owned = owned_files(p["root"], p["dropin_name"])
-    for unit in units + [workload_slice]:
+    if p["services_why"]:
+        other = overriding_services_file(p["root"], p["dropin_name"], owned)
+        if other:
+            raise SliceError("%s sets AllowedCPUs= for every service and systemd reads it after %s: remove it or choose a "
+                             "dropin_name that sorts after it" % (other, services_path(p["dropin_name"])), path=other,
+                             option="dropin_name", value=p["dropin_name"], expected="no AllowedCPUs= of another file after ours")
+    for unit in units + p["workload_units"] + [workload_slice]:
         # The workload slice's own file is its fragment: any drop-in overrides it.
         other = overriding_file(p["root"], unit, None if unit == workload_slice else p["dropin_name"], owned)
         if other:
@@ -419,9 +537,12 @@ def _present(p, sysfs):
                 "dropin_name that sorts after it" % (other, unit, dropin_path(unit, p["dropin_name"]) if unit != workload_slice
                                                      else "%s/%s" % (UNIT_DIR, workload_slice)),
                 path=other, option="dropin_name", value=p["dropin_name"], expected="no AllowedCPUs= of another file after ours")
-    files = render(units, workload_slice, house, work, p["dropin_name"], p.get("cpu_affinity"))
+    files = render(units, workload_slice, house, work, p["dropin_name"], p.get("cpu_affinity"), p["workload_units"],
+                   p["services_why"])
     want = dict((u, set(house)) for u in units)
     want[workload_slice] = set(work)
+    for unit in p["workload_units"]:
+        want[unit] = set(work)
     return as_cpulists(online, house, work), files, want
 
 
@@ -448,8 +569,20 @@ def plan(params, sysfs="/sys"):
     the units with the CPUs each must have (None: no restriction of ours), their live cgroup values and drift.
     """
     p = check_params(params)
-    root, dropin, units, workload_slice = p["root"], p["dropin_name"], p["housekeeping_units"], p["workload_slice"]
     present = p["state"] == "present"
+    # The system.slice mode, resolved: with services, system.slice is not confined and every service is.
+    p["services_why"], mode_why = None, "system_slice=%s" % p["system_slice"]
+    if present and SYSTEM_SLICE in p["housekeeping_units"] and p["system_slice"] != "slice":
+        steps = slurm_steps_in_system_slice(p["root"], sysfs)
+        if p["system_slice"] == "services" or steps:
+            p["services_why"] = steps or "system_slice=services"
+            p["housekeeping_units"] = [u for u in p["housekeeping_units"] if u != SYSTEM_SLICE]
+            mode_why = p["services_why"]
+        else:
+            mode_why = "no Slurm job steps in system.slice (slurmd not installed)"
+    p["system_slice_mode"] = "services" if p["services_why"] else ("slice" if SYSTEM_SLICE in p["housekeeping_units"] else None)
+    p["system_slice_why"] = mode_why
+    root, dropin, units, workload_slice = p["root"], p["dropin_name"], p["housekeeping_units"], p["workload_slice"]
     v2 = cgroup_v2_problem(sysfs)
     if present and v2:
         raise SliceError(v2.pop("msg"), **v2)
@@ -462,8 +595,12 @@ def plan(params, sysfs="/sys"):
     released = [owned[path][1] for path in remove if owned[path][0] in ("dropin", "slice")]
     stop = set(owned[path][1] for path in remove if owned[path][0] == "slice")
     if not present:
-        released += units + [workload_slice]
+        released += units + p["workload_units"] + [workload_slice]
         stop.add(workload_slice)
+    # Services that lose our service.d drop-in keep the old cpuset.cpus where the cpuset controller stays on above
+    # them (Slurm's delegated scope keeps it on in system.slice): each one's own must end up empty.
+    if any(owned[path][0] == "services" for path in remove) and not v2:
+        released += sorted(restricted_services(join(sysfs, CGROUP)))
     others = {}
     for unit in released:
         if unit not in want and unit not in others:
@@ -492,7 +629,7 @@ def plan(params, sysfs="/sys"):
         "params": p, "split": split_out, "files": files, "actions": actions, "want": want, "report": report,
         "live": live, "drift": _drift(want, live, stop), "cgroot": cgroot, "affinity": affinity,
         "affinity_changed": any(a["path"] == affinity and a["action"] != "unchanged" for a in actions),
-        "warnings": warnings,
+        "warnings": warnings, "system_slice": {"mode": p["system_slice_mode"], "why": p["system_slice_why"]},
     }
 
 
@@ -544,6 +681,20 @@ def _write_cpus(cgroot, rel, text):
         handle.write(text + "\n")
 
 
+def _release_cpus(cgroot, live):
+    """Take a cgroup's own CPU restriction away: an empty cpuset.cpus (its parent's CPUs, and systemd's own way),
+    or, where the kernel refuses that with ENOSPC (a populated cgroup whose list was not empty: validate_change() in
+    kernel/cgroup/cpuset.c), its parent's effective CPUs, which gives the same CPUs. Returns what was written."""
+    try:
+        _write_cpus(cgroot, live["cgroup"], "")
+        return ""
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC or not live.get("parent_effective"):
+            raise
+    _write_cpus(cgroot, live["cgroup"], live["parent_effective"])
+    return live["parent_effective"]
+
+
 def apply(decided, systemd, check, sleep=time.sleep, settle=2.0):
     """Write the files, reload systemd, reset what it leaves behind, verify. Returns the cgroup values after."""
     p, cgroot, want = decided["params"], decided["cgroot"], dict(decided["want"])
@@ -584,11 +735,11 @@ def apply(decided, systemd, check, sleep=time.sleep, settle=2.0):
                 decided["warnings"].append("%s has AllowedCPUs=%s from another drop-in: left as it is" % (unit, allowed))
                 continue
             try:
-                _write_cpus(cgroot, live[unit]["cgroup"], "")
+                written = _release_cpus(cgroot, live[unit])
             except OSError as exc:
                 raise SliceError("cannot clear %s/%s/cpuset.cpus (%s, left by its removed AllowedCPUs=): %s"
                                  % (cgroot, live[unit]["cgroup"], live[unit]["cpus"], exc), path=live[unit]["cgroup"])
-            systemd.actions.append("reset %s cpuset.cpus" % unit)
+            systemd.actions.append("reset %s cpuset.cpus%s" % (unit, " to its parent's %s" % written if written else ""))
     # systemd has applied the values when daemon-reload returns; a short wait covers a slow cgroup write.
     waited = 0.0
     while True:
@@ -664,6 +815,7 @@ def converge(params, run, check, sleep=time.sleep):
         drift=[{k: d[k] for k in ("unit", "cgroup", "reason", "cpus", "effective", "want")} for d in decided["drift"]],
         systemd=systemd.actions,
         reboot_required=reboot,
+        system_slice=decided["system_slice"],
         warnings=warnings,
     )
     diff = [{"before_header": a["path"], "after_header": a["path"] if a["action"] != "remove" else "(absent)",

@@ -80,6 +80,32 @@ options:
     type: list
     elements: str
     default: [system.slice, user.slice, init.scope]
+  system_slice:
+    description:
+      - How C(system.slice), when it is in O(housekeeping_units), is kept on the housekeeping CPUs.
+      - C(slice) - its own C(AllowedCPUs=) drop-in. Everything below it is bounded by it (cgroup v2 - a child never
+        gets more than its parent's effective CPUs), scopes that other software starts there included.
+      - C(services) - C(system.slice) is not confined; every service is, through the top-level drop-in
+        C(/etc/systemd/system/service.d/DROPIN_NAME) (systemd 244 and later; it applies to transient services too). Scopes
+        in C(system.slice) are then free - Slurm's C(slurmstepd.scope), where Slurm's cgroup/v2 plugin runs every job step
+        (up to Slurm 25.05 it is always in C(system.slice); Slurm's C(CpuSpecList) and C(ConstrainCores=yes) then keep
+        jobs off the housekeeping cores). A service in the workload slice keeps that slice's CPUs - none of its
+        C(AllowedCPUs=) is in them, and the kernel then gives its cgroup the parent's CPUs (cgroup-v2.rst,
+        C(cpuset.cpus.effective)).
+      - C(auto) - C(services) where Slurm's job steps run in C(system.slice) (its C(slurmstepd.scope) cgroup exists, or a
+        C(slurmd.service) unit file is installed), else C(slice). With Slurm 25.11's C(CgroupSlice=) moving the steps out,
+        give C(slice). RV(system_slice) says which was used and why.
+    type: str
+    choices: [auto, slice, services]
+    default: auto
+  workload_units:
+    description:
+      - More slices or scopes given the workload CPUs with a drop-in, for work that systemd places outside the
+        workload slice - C(machine.slice) holds rootful podman's containers (its default cgroup parent with the systemd
+        cgroup manager). Not a housekeeping unit, not the workload slice.
+    type: list
+    elements: str
+    default: []
   workload_slice:
     description:
       - The slice created for the workload, with C(AllowedCPUs=) the workload CPUs. A valid slice name, not one of
@@ -137,7 +163,9 @@ notes:
     (src/core/cgroup.c), which writes C(cpuset.cpus) from the reloaded C(AllowedCPUs=), and C(manager_loop)
     (src/core/manager.c) does so before it sends the reply to the reload.
   - Container runtimes and schedulers whose cgroups sit under a housekeeping unit are confined with it - Docker with the
-    systemd cgroup driver puts containers in C(system.slice); give them C(--cgroup-parent=WORKLOAD_SLICE).
+    systemd cgroup driver puts containers in C(system.slice) (moby daemon/oci_linux.go); give them
+    C(--cgroup-parent=WORKLOAD_SLICE) or C("cgroup-parent") in C(daemon.json). Rootful podman uses C(machine.slice) - name it
+    in O(workload_units). Slurm - see O(system_slice).
   - "The same facts, for other tools (RV(workload_cpus) and RV(housekeeping_cpus) of this module):
     C(taskset -c WORKLOAD_CPUS cmd) and C(numactl --physcpubind=WORKLOAD_CPUS cmd) from a shell outside the
     housekeeping units;
@@ -227,6 +255,12 @@ systemd:
   type: list
   elements: str
   sample: [daemon-reload]
+system_slice:
+  description: How C(system.slice) was kept on the housekeeping CPUs (C(mode) slice, services or null when it is not a
+    housekeeping unit) and why (C(why)); see O(system_slice).
+  returned: always
+  type: dict
+  sample: {"mode": "services", "why": "Slurm's slurmstepd.scope, which holds the job steps, runs in system.slice"}
 reboot_required:
   description: Whether the C(CPUAffinity=) file was created, changed or removed (see O(cpu_affinity)).
   returned: always
@@ -256,6 +290,7 @@ INPUT_RULES = {
     "workload_cpus": "cpulist",
     "housekeeping_units": "unit",
     "workload_slice": "unit",
+    "workload_units": "unit",
     "dropin_name": "file_name",
 }
 

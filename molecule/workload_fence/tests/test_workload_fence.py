@@ -5,10 +5,17 @@ own update-grub, decides the command line). Runs after converge, idempotence
 and the no-change check; the tests run in file order and build on each other:
 
   1  converged, before any reboot: the running cgroups already confine
-     system.slice, user.slice and init.scope to the housekeeping CPUs (the NIC's
-     IRQ CPUs plus CPU 0), sshd runs there, a unit in the workload slice runs
-     only on the other CPUs; the next boot's grub.cfg has isolcpus=, the running
-     kernel not yet, and the role says a reboot is required
+     user.slice, init.scope and every service (the top-level service.d drop-in:
+     slurmd is installed, so system.slice stays free for Slurm's job steps) to
+     the housekeeping CPUs (the NIC's IRQ CPUs plus CPU 0), sshd runs there, a
+     unit in the workload slice runs only on the other CPUs; the next boot's
+     grub.cfg has isolcpus=, the running kernel not yet, and the role says a
+     reboot is required
+  1b every fence at once (issue 28): a Slurm job step gets the workload CPUs
+     minus CpuSpecList (whole cores of the housekeeping CPUs), a podman
+     container (machine.slice) and a workload-slice unit get the workload CPUs,
+     sshd and a transient system service the housekeeping CPUs, and the queue
+     IRQs fire only on the IRQ CPUs
   2  a real reboot through GRUB: /proc/cmdline is the old one plus exactly the
      new parameter, the kernel's own isolated list is the IRQ CPUs, the cgroups
      are as before, the IRQs are pinned again; converge changes nothing, check
@@ -25,18 +32,22 @@ and the no-change check; the tests run in file order and build on each other:
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
-from labtest import EPHEMERAL, GPU, cpus, playbook, probe, queue_cpus, reboot, report, ssh  # noqa: E402
+from labtest import EPHEMERAL, GPU, LAB, cpus, playbook, probe, queue_cpus, reboot, report, ssh  # noqa: E402
 
 NAME = GPU["name"]
 ALL = set(range(8))
 DROPIN = "/etc/default/grub.d/zz-gpunode-tuning.cfg"
 SLICE = "gpunode-workload.slice"
 UNITS = ("system.slice", "user.slice", "init.scope")
+CONFINED = ("user.slice", "init.scope")   # system.slice is free: Slurm's slurmstepd.scope runs there (services mode)
 STATE = {}          # facts the later tests need from the earlier ones
+SCENARIO = os.environ["MOLECULE_SCENARIO_NAME"]
 
 
 def fences(tag):
@@ -70,8 +81,9 @@ print(json.dumps({
 
 
 def assert_confined(state, housekeeping):
-    for unit in UNITS:
+    for unit in CONFINED:
         assert cpus(state["cgroups"][unit]["effective"]) == housekeeping, (unit, state["cgroups"])
+    assert cpus(state["cgroups"]["system.slice"]["effective"]) == ALL, state["cgroups"]
     assert cpus(state["sshd"]) == housekeeping, state
     assert cpus(state["workload_unit"]) == ALL - housekeeping, state
 
@@ -82,6 +94,8 @@ def test_converged_cgroups_are_live_and_the_next_boot_has_isolcpus():
     housekeeping = irq | {0}
     run = fences("run")
     assert cpus(run["housekeeping_cpus"]) == housekeeping and cpus(run["workload_cpus"]) == ALL - housekeeping, run
+    assert run["cpusets"]["system_slice"]["mode"] == "services", run["cpusets"]
+    assert "slurmd is installed" in run["cpusets"]["system_slice"]["why"], run["cpusets"]
     state = live()
     assert_confined(state, housekeeping)
     param = "isolcpus=domain," + report(NAME, "run")["cpus"]
@@ -94,9 +108,97 @@ def test_converged_cgroups_are_live_and_the_next_boot_has_isolcpus():
                  boot_id=state["boot_id"])
 
 
+# The data NIC's queue IRQ counts per CPU, from the guest's /proc/interrupts: {irq: [count per CPU]}.
+QUEUE_COUNTS = (r"""awk '$NF ~ /^virtio[0-9]+-(input|output)\.[0-9]+$/ """
+                r"""{printf "%s", $1; for (i = 2; i <= 9; i++) printf " %s", $i; print ""}' /proc/interrupts""")
+HOST_ADDR, GUEST_ADDR = "192.168.79.1", "192.168.79.2"
+
+
+def queue_counts():
+    counts = {}
+    for line in ssh(NAME, QUEUE_COUNTS).stdout.splitlines():
+        irq, *values = line.split()
+        counts[irq] = [int(v) for v in values]
+    return counts
+
+
+def where_work_runs():
+    """Each kind of work's allowed CPUs, seen from inside it: a Slurm job step asking for every CPU a job can
+    get, a podman container, a workload-slice unit, a transient system service, sshd, slurmd; Slurm's step scope's
+    cgroup and the node's CPUSpecList as slurmctld has it."""
+    script = r"""
+set -u
+allowed() { awk '/Cpus_allowed_list/ {print $2}'; }
+echo "srun=$(timeout 120 srun --immediate=90 -n1 -c4 grep Cpus_allowed_list /proc/self/status | allowed)"
+echo "podman=$(podman run --rm --network none localhost/bb:1 grep Cpus_allowed_list /proc/self/status 2> /dev/null | allowed)"
+echo "workload_unit=$(systemd-run --slice=gpunode-workload.slice --wait --pipe --quiet grep Cpus_allowed_list /proc/self/status | allowed)"
+echo "system_unit=$(systemd-run --wait --pipe --quiet grep Cpus_allowed_list /proc/self/status | allowed)"
+echo "sshd=$(allowed < /proc/$(systemctl show -P MainPID ssh.service)/status)"
+echo "slurmd=$(allowed < /proc/$(systemctl show -P MainPID slurmd.service)/status)"
+# the CPUs Slurm's step scope may use: its own cpuset.cpus.effective, else the nearest ancestor's (no file: the
+# cpuset controller is not enabled for it)
+for d in system.slice/slurmstepd.scope system.slice .; do
+  f=/sys/fs/cgroup/$d/cpuset.cpus.effective
+  v=$(cat "$f" 2> /dev/null)           # (cgroupfs files stat as size 0: test -s cannot tell)
+  if [ -n "$v" ]; then echo "stepd_scope=$v ($d)"; break; fi
+done
+echo "spec=$(scontrol show node -o gpu-node | tr ' ' '\n' | awk -F= '$1 == "CPUSpecList" {print $2}')"
+"""
+    out = ssh(NAME, script, timeout=300).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def traffic_through_the_data_nic(packets=2000):
+    """Pings from the guest to the host end of the data NIC's tap (an address on the tap for the time of it): every
+    reply is a receive interrupt on the NIC's queues."""
+    tap = LAB.load_instance("%s-%s" % (SCENARIO, NAME))["tap"]
+    subprocess.run(["ip", "addr", "add", HOST_ADDR + "/24", "dev", tap], check=True)
+    try:
+        subprocess.run(["ip", "link", "set", tap, "up"], check=True)
+        ssh(NAME, "ip link set enp66s1 up; ip -4 addr show dev enp66s1 | grep -q %s || ip addr add %s/24 dev enp66s1; "
+                  "ping -q -c %d -i 0.002 -W 1 %s" % (GUEST_ADDR, GUEST_ADDR, packets, HOST_ADDR), timeout=300)
+    finally:
+        subprocess.run(["ip", "addr", "del", HOST_ADDR + "/24", "dev", tap], check=False)
+
+
+def test_every_fence_at_once_puts_each_kind_of_work_where_it_belongs():
+    irq, housekeeping = STATE["irq"], STATE["housekeeping"]
+    workload = ALL - housekeeping
+    seen = where_work_runs()
+    print("\nwhere work runs with every fence on: %s" % json.dumps(seen))
+    spec = cpus(seen["spec"])
+    # CpuSpecList: the housekeeping CPUs' whole cores (QEMU numbers siblings 0-1, 2-3, ...)
+    assert spec == set().union(*({c, c ^ 1} for c in housekeeping)), seen
+    # a job asking for every CPU it can have gets exactly the workload CPUs minus CpuSpecList
+    assert cpus(seen["srun"]) == workload - spec, seen
+    assert cpus(seen["podman"]) == workload, seen
+    assert cpus(seen["workload_unit"]) == workload, seen
+    assert cpus(seen["system_unit"]) == housekeeping and cpus(seen["sshd"]) == housekeeping, seen
+    # Slurm's step scope is in the free system.slice; slurmd is a service (housekeeping CPUs), which Slurm itself
+    # also moves to its CpuSpecList cores (whichever wrote last: never a CPU a job can get)
+    assert cpus(seen["stepd_scope"].split()[0]) == ALL, seen
+    assert cpus(seen["slurmd"]) <= housekeeping | spec, seen
+    # the queue IRQs fire on the IRQ CPUs only, under traffic
+    before = queue_counts()
+    traffic_through_the_data_nic()
+    after = queue_counts()
+    fired = {cpu for n, counts in after.items() for cpu, count in enumerate(counts) if count > before.get(n, [0] * 8)[cpu]}
+    grown = sum(sum(c) for c in after.values()) - sum(sum(c) for c in before.values())
+    assert grown >= 1000 and fired and fired <= irq, (fired, irq, grown)
+    print("queue IRQs under traffic: %d interrupts, on CPUs %s (IRQ CPUs %s)" % (grown, sorted(fired), sorted(irq)))
+
+
+def wait_for_slurm():
+    """slurmctld (enabled) answers for the node: at boot it takes a while (its getaddrinfo retries under TCG), and
+    the slurm_cpuspec role asks it, rightly failing while it does not know the node yet."""
+    ssh(NAME, "for i in $(seq 120); do scontrol show node -o gpu-node > /dev/null 2>&1 && exit 0; sleep 1; done; "
+              "systemctl status slurmctld --no-pager; exit 1", timeout=200)
+
+
 def test_reboot_through_grub_isolates_the_irq_cpus_and_keeps_the_cpusets():
     seconds = reboot(GPU, live()["boot_id"])
     print("\nreboot through GRUB: SSH back after %.0f s" % seconds)
+    wait_for_slurm()
     state = live()
     assert state["cmdline"].split() == STATE["first_cmdline"].split() + [STATE["param"]], state["cmdline"]
     assert cpus(state["isolated"]) == STATE["irq"], state
@@ -158,10 +260,14 @@ def test_cpu_power_takes_a_c_state_limit_off_grub_next_to_isolcpus_and_absent_pu
 
 
 def test_absent_and_a_reboot_bring_back_the_first_command_line():
-    res, recap = playbook("--extra-vars", "isolcpus_state=absent cpusets_state=absent", tag="absent")
+    # Only the isolcpus and cpusets fences go: Slurm keeps the CpuSpecList it has (without the cpusets role in the
+    # play, slurm_cpuspec would fall back to the IRQ CPUs alone).
+    absent = "isolcpus_state=absent cpusets_state=absent slurm_cpuspec_cpus=%s" % fences("run")["housekeeping_cpus"]
+    res, recap = playbook("--extra-vars", absent, tag="absent")
     assert res.returncode == 0 and recap[NAME] > 0, res.stdout[-3000:]
     gone = ssh(NAME, "ls -d %s /etc/systemd/system/%s /etc/systemd/system/*.slice.d/50-gpunode-cpuset.conf "
-                     "/etc/systemd/system/init.scope.d/50-gpunode-cpuset.conf 2>/dev/null | wc -l" % (DROPIN, SLICE))
+                     "/etc/systemd/system/init.scope.d/50-gpunode-cpuset.conf /etc/systemd/system/service.d/50-gpunode-cpuset.conf "
+                     "2>/dev/null | wc -l" % (DROPIN, SLICE))
     assert gone.stdout.strip() == "0", gone.stdout
     assert fences("absent")["isolcpus_reboot_required"] is True
     state = live()
@@ -170,9 +276,10 @@ def test_absent_and_a_reboot_bring_back_the_first_command_line():
         assert effective is None or cpus(effective) == ALL, state["cgroups"]
     assert cpus(state["sshd"]) == ALL and cpus(state["workload_unit"]) == ALL, state
     reboot(GPU, state["boot_id"])      # this boot's id, not one an earlier failed test left behind
+    wait_for_slurm()
     # Check mode first: live() starts a unit in the workload slice's name, a transient slice that the module in
     # state=absent rightly calls a leftover to stop.
-    res, recap = playbook("--extra-vars", "isolcpus_state=absent cpusets_state=absent", check=True, tag="absent-check")
+    res, recap = playbook("--extra-vars", absent, check=True, tag="absent-check")
     assert res.returncode == 0 and recap == {NAME: 0}, res.stdout[-3000:]
     state = live()
     assert state["cmdline"].split() == STATE["first_cmdline"].split(), state["cmdline"]
