@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "_shared"))
@@ -148,15 +150,22 @@ echo "spec=$(scontrol show node -o gpu-node | tr ' ' '\n' | awk -F= '$1 == "CPUS
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
-def traffic_through_the_data_nic(packets=2000):
-    """Pings from the guest to the host end of the data NIC's tap (an address on the tap for the time of it): every
-    reply is a receive interrupt on the NIC's queues."""
+def traffic_through_the_data_nic(packets=3000):
+    """UDP datagrams from this host into the guest's data NIC (an address on the host end of its tap for the time of
+    it, one on enp66s1 in the guest): every one a receive interrupt on the NIC's queues, spread over them by port."""
     tap = LAB.load_instance("%s-%s" % (SCENARIO, NAME))["tap"]
+    ssh(NAME, "ip link set enp66s1 up; ip -4 addr show dev enp66s1 | grep -q %s || ip addr add %s/24 dev enp66s1"
+        % (GUEST_ADDR, GUEST_ADDR))
     subprocess.run(["ip", "addr", "add", HOST_ADDR + "/24", "dev", tap], check=True)
     try:
         subprocess.run(["ip", "link", "set", tap, "up"], check=True)
-        ssh(NAME, "ip link set enp66s1 up; ip -4 addr show dev enp66s1 | grep -q %s || ip addr add %s/24 dev enp66s1; "
-                  "ping -q -c %d -i 0.002 -W 1 %s" % (GUEST_ADDR, GUEST_ADDR, packets, HOST_ADDR), timeout=300)
+        sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for n in range(packets):
+            sender.sendto(b"x" * 200, (GUEST_ADDR, 20000 + n % 64))
+            if n % 100 == 99:
+                time.sleep(0.05)
+        sender.close()
+        time.sleep(2)
     finally:
         subprocess.run(["ip", "addr", "del", HOST_ADDR + "/24", "dev", tap], check=False)
 
@@ -184,15 +193,20 @@ def test_every_fence_at_once_puts_each_kind_of_work_where_it_belongs():
     after = queue_counts()
     fired = {cpu for n, counts in after.items() for cpu, count in enumerate(counts) if count > before.get(n, [0] * 8)[cpu]}
     grown = sum(sum(c) for c in after.values()) - sum(sum(c) for c in before.values())
-    assert grown >= 1000 and fired and fired <= irq, (fired, irq, grown)
+    assert grown >= 500 and fired and fired <= irq, (fired, irq, grown)
     print("queue IRQs under traffic: %d interrupts, on CPUs %s (IRQ CPUs %s)" % (grown, sorted(fired), sorted(irq)))
 
 
 def wait_for_slurm():
-    """slurmctld (enabled) answers for the node: at boot it takes a while (its getaddrinfo retries under TCG), and
-    the slurm_cpuspec role asks it, rightly failing while it does not know the node yet."""
-    ssh(NAME, "for i in $(seq 120); do scontrol show node -o gpu-node > /dev/null 2>&1 && exit 0; sleep 1; done; "
-              "systemctl status slurmctld --no-pager; exit 1", timeout=200)
+    """slurmctld (enabled) answers for the node, as the slurm_cpuspec role needs (it rightly fails while slurmctld does
+    not know the node). In this guest slurmctld started at boot sometimes never knows gpu-node (its getaddrinfo fails
+    at boot, then scontrol says 'Node gpu-node not found' for minutes); the same daemons restarted know it. The
+    test restarts them after 60 s and says so: the lab's boot, not the collection, is what that works around."""
+    wait = "for i in $(seq 60); do scontrol show node -o gpu-node > /dev/null 2>&1 && exit 0; sleep 1; done; exit 1"
+    if ssh(NAME, wait, check=False, timeout=120).returncode != 0:
+        print("slurmctld did not know gpu-node 60 s after the boot: restarting munge, slurmctld and slurmd")
+        ssh(NAME, "systemctl restart munge slurmctld slurmd; " + wait.replace("exit 1", "systemctl status slurmctld --no-pager; exit 1"),
+            timeout=200)
 
 
 def test_reboot_through_grub_isolates_the_irq_cpus_and_keeps_the_cpusets():
