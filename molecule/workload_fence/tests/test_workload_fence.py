@@ -114,6 +114,7 @@ def test_converged_cgroups_are_live_and_the_next_boot_has_isolcpus():
 QUEUE_COUNTS = (r"""awk '$NF ~ /^virtio[0-9]+-(input|output)\.[0-9]+$/ """
                 r"""{printf "%s", $1; for (i = 2; i <= 9; i++) printf " %s", $i; print ""}' /proc/interrupts""")
 HOST_ADDR, GUEST_ADDR = "192.168.79.1", "192.168.79.2"
+IRQ_SET = set()     # the IRQ CPUs, set by the test
 
 
 def queue_counts():
@@ -150,12 +151,22 @@ echo "spec=$(scontrol show node -o gpu-node | tr ' ' '\n' | awk -F= '$1 == "CPUS
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
-def traffic_through_the_data_nic(packets=3000):
+def traffic_through_the_data_nic(count_from, packets=3000):
     """UDP datagrams from this host into the guest's data NIC (an address on the host end of its tap for the time of
     it, one on enp66s1 in the guest): every one a receive interrupt on the NIC's queues, spread over them by port."""
     tap = LAB.load_instance("%s-%s" % (SCENARIO, NAME))["tap"]
     ssh(NAME, "ip link set enp66s1 up; ip -4 addr show dev enp66s1 | grep -q %s || ip addr add %s/24 dev enp66s1"
         % (GUEST_ADDR, GUEST_ADDR))
+    # virtio_net requests its queue IRQs when the interface opens, with the kernel's default affinity; the
+    # collection's if-up hook pins them again: wait for that before counting (LAB.md, open-time IRQs)
+    deadline = time.monotonic() + 90
+    while True:
+        lists = [a for texts in queue_cpus(probe(GPU)).values() for a in texts]
+        if lists and all(cpus(a) <= IRQ_SET for a in lists):
+            break
+        assert time.monotonic() < deadline, ("queue IRQs not pinned back after the interface opened", lists, IRQ_SET)
+        time.sleep(2)
+    before = count_from()
     subprocess.run(["ip", "addr", "add", HOST_ADDR + "/24", "dev", tap], check=True)
     try:
         subprocess.run(["ip", "link", "set", tap, "up"], check=True)
@@ -168,6 +179,7 @@ def traffic_through_the_data_nic(packets=3000):
         time.sleep(2)
     finally:
         subprocess.run(["ip", "addr", "del", HOST_ADDR + "/24", "dev", tap], check=False)
+    return before
 
 
 def test_every_fence_at_once_puts_each_kind_of_work_where_it_belongs():
@@ -188,12 +200,12 @@ def test_every_fence_at_once_puts_each_kind_of_work_where_it_belongs():
     assert cpus(seen["stepd_scope"].split()[0]) == ALL, seen
     assert cpus(seen["slurmd"]) <= housekeeping | spec, seen
     # the queue IRQs fire on the IRQ CPUs only, under traffic
-    before = queue_counts()
-    traffic_through_the_data_nic()
+    IRQ_SET.update(irq)
+    before = traffic_through_the_data_nic(count_from=queue_counts)
     after = queue_counts()
     fired = {cpu for n, counts in after.items() for cpu, count in enumerate(counts) if count > before.get(n, [0] * 8)[cpu]}
     grown = sum(sum(c) for c in after.values()) - sum(sum(c) for c in before.values())
-    assert grown >= 500 and fired and fired <= irq, (fired, irq, grown)
+    assert grown >= 100 and fired and fired <= irq, (fired, irq, grown)
     print("queue IRQs under traffic: %d interrupts, on CPUs %s (IRQ CPUs %s)" % (grown, sorted(fired), sorted(irq)))
 
 
