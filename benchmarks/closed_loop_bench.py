@@ -244,6 +244,7 @@ def phase(inst, inv, label, reps, seconds, report_dir):
                    % " ".join(map(str, WORKER_CPUS)))
     return {
         "label": label, "verdict": report["verdict"], "verdict_rule": report.get("verdict_rule"), "reasons": report["reasons"],
+        "named_irq_cpus": report.get("irq_cpus", []), "irq_cpus_source": report.get("irq_cpus_source"),
         "irq_cpus": irq, "diagnose_wall_s": round(wall, 1), "affinity": affinity,
         "workers_per_s": summary([sum(w["workers"][c] for c in WORKER_CPUS) for w in windows]),
         "per_worker_per_s": dict((c, summary([w["workers"][c] for w in windows])) for c in WORKER_CPUS),
@@ -260,33 +261,61 @@ def fmt(s, digits=1):
     return "-" if s is None else "%.*f / %.*f / %.*f" % (digits, s["min"], digits, s["median"], digits, s["max"])
 
 
+def gain_of(before, after):
+    return 100.0 * (after["workers_per_s"]["median"] / before["workers_per_s"]["median"] - 1)
+
+
+def holds(pair):
+    """The goal for one pair (#28): contention before, no contention after."""
+    return pair["before"]["verdict"] == "contention" and pair["after"]["verdict"] == "no_contention"
+
+
+def cpus_text(cpus):
+    return ",".join(map(str, cpus)) or "-"
+
+
 def markdown(result):
-    b, a = result["before"], result["after"]
-    gain = 100.0 * (a["workers_per_s"]["median"] / b["workers_per_s"]["median"] - 1)
+    pairs = result["pairs"]
+    gains = [p["gain_pct"] for p in pairs]
     lines = [
-        "# closed-loop benchmark (#18)",
+        "# closed-loop benchmark (#18, #28)",
         "",
         "Command (repository root): `%s`" % result["command"],
         "",
-        "Machine: %s, %d CPUs, %s. One lab `gpu-node` guest under TCG (8 vCPUs on this machine's 2 cores), a "
-        "scaled-down model of seed 000's node: 4 workers on CPUs 4-7 (the NIC's node) in `gpunode-workload.slice`, "
-        "iperf3 UDP %s of 200-byte datagrams into enp66s1, %d windows of %s s per phase (min / median / max)."
+        "Machine: %s, %d CPUs, %s. Each pair is a fresh lab `gpu-node` guest under TCG (8 vCPUs on this machine's 2 "
+        "cores), a scaled-down model of seed 000's node: 4 workers on CPUs 4-7 (the NIC's node) in "
+        "`gpunode-workload.slice`, iperf3 UDP %s of 200-byte datagrams into enp66s1; diagnose (its default "
+        "thresholds), then %d windows of %s s measured; tune.yml; the workers started again; diagnose and measure again."
         % (result["machine"], os.cpu_count(), result["date"], result["rate"], result["reps"], result["window"]),
+        "",
+        "Goal: `contention` before and `no_contention` after in every pair, median gain >= 10 %%. "
+        "Result: **%s** (%d of %d pairs hold), median gain %+.1f %% (min %+.1f, max %+.1f)."
+        % ("holds" if result["all_hold"] and statistics.median(gains) >= 10 else "does not hold",
+           sum(1 for p in pairs if holds(p)), len(pairs), statistics.median(gains), min(gains), max(gains)),
+        "",
+        "| pair | verdict before (rule) | IRQ CPUs named before (source) | verdict after (rule) "
+        "| IRQ CPUs named after (source) | workers it/s before | after | gain |",
+        "|---:|---|---|---|---|---:|---:|---:|",
+    ]
+    for n, p in enumerate(pairs, 1):
+        b, a = p["before"], p["after"]
+        lines.append("| %d | %s (%s) | %s (%s) | %s (%s) | %s (%s) | %.0f | %.0f | %+.1f %% |" % (
+            n, b["verdict"], b["verdict_rule"], cpus_text(b["named_irq_cpus"]), b["irq_cpus_source"],
+            a["verdict"], a["verdict_rule"], cpus_text(a["named_irq_cpus"]), a["irq_cpus_source"],
+            b["workers_per_s"]["median"], a["workers_per_s"]["median"], p["gain_pct"]))
+    last = pairs[-1]
+    b, a = last["before"], last["after"]
+    lines += [
+        "",
+        "Last pair in detail (min / median / max over its windows):",
         "",
         "| | before (driver's IRQ spread) | after (tune.yml: IRQs pinned away, workload fenced) |",
         "|---|---|---|",
-        "| diagnose verdict | %s (%s) | %s (%s) |" % (b["verdict"], b["verdict_rule"], a["verdict"], a["verdict_rule"]),
-        "| queue IRQ CPUs (smp_affinity_list) | %s | %s |" % (",".join(map(str, b["irq_cpus"])), ",".join(map(str, a["irq_cpus"]))),
-        "| workers' CPU affinity | %s | %s |" % (" ".join(b["affinity"].split()).replace("pid", "<br>pid").replace("<br>", "", 1),
-                                                 " ".join(a["affinity"].split()).replace("pid", "<br>pid").replace("<br>", "", 1)),
+        "| queue IRQ CPUs (smp_affinity_list) | %s | %s |" % (cpus_text(b["irq_cpus"]), cpus_text(a["irq_cpus"])),
         "| workers' iterations/s, all 4 | %s | %s |" % (fmt(b["workers_per_s"], 0), fmt(a["workers_per_s"], 0)),
         "| packets received per window | %s | %s |" % (fmt(b["rx_packets"], 0), fmt(a["rx_packets"], 0)),
         "| receive drops per window (netdev / softnet) | %s / %s | %s / %s |" % (
             fmt(b["rx_dropped"], 0), fmt(b["softnet_dropped"], 0), fmt(a["rx_dropped"], 0), fmt(a["softnet_dropped"], 0)),
-        "",
-        "Workers' throughput, median over the windows: %+.1f %% after tuning." % gain,
-        "",
-        "Per CPU (user % / softirq % / squeezes per window, medians):",
         "",
         "| CPU | before user | before softirq | before squeezes | after user | after softirq | after squeezes |",
         "|---:|---:|---:|---:|---:|---:|---:|",
@@ -296,65 +325,80 @@ def markdown(result):
         lines.append("| %d | %.1f | %.1f | %d | %.1f | %.1f | %d |" % (
             cpu, bc["user_pct"]["median"], bc["softirq_pct"]["median"], bc["squeezes"]["median"],
             ac["user_pct"]["median"], ac["softirq_pct"]["median"], ac["squeezes"]["median"]))
-    lines += ["", "Diagnose reasons before: %s" % "; ".join(b["reasons"]), "", "Diagnose reasons after: %s" % "; ".join(a["reasons"]),
-              "", "The diagnose reports: [before](closed_loop_before/cluster.html), [after](closed_loop_after/cluster.html).",
-              "", "tune.yml: %.0f s, exit %d; its drift report afterwards (check mode): %s." % (
-                  result["tune_wall_s"], result["tune_rc"], result["drift_gate"])]
-    return "\n".join(lines) + "\n", gain
+    lines += ["", "Diagnose reasons before (last pair): %s" % "; ".join(b["reasons"]),
+              "", "Diagnose reasons after (last pair): %s" % "; ".join(a["reasons"]),
+              "", "The last pair's diagnose reports: [before](closed_loop_before/cluster.html), "
+              "[after](closed_loop_after/cluster.html).",
+              "", "tune.yml per pair: %s s. The last pair's drift report afterwards (check mode): %s." % (
+                  ", ".join("%.0f" % p["tune_wall_s"] for p in pairs), result["drift_gate"])]
+    return "\n".join(lines) + "\n"
+
+
+def one_pair(options, base, port):
+    """A fresh guest, the untuned node under load, diagnose + measure, tune.yml, the next job, diagnose + measure."""
+    LAB.up(NAME, "gpu-node", port)
+    inst = LAB.load_instance(NAME)
+    try:
+        inv = inventory(inst, base, {})
+        # A node whose IRQs were never tuned: irqbalance stopped, the driver's own spread (LAB.md).
+        ssh(inst, "systemctl stop irqbalance; ethtool -L %s combined 6" % IFACE)
+        start_workers(inst)
+        # The traffic outlasts both phases and tune.yml; it is stopped at the end of the pair.
+        with Traffic(inst, options.rate, 3600) as traffic:
+            before = phase(inst, inv, "before", options.reps, options.window, base / "before")
+            res, tune_wall = playbook(inv, "tune.yml", "-e", "gpunode_tune_report_dir=%s" % (base / "tune"))
+            if res.returncode:
+                raise SystemExit("tune.yml failed:\n%s" % res.stdout[-4000:])
+            start_workers(inst)
+            after = phase(inst, inv, "after", options.reps, options.window, base / "after")
+            traffic.stop()
+        playbook(inv, "tune.yml", "--check", "-e", "gpunode_tune_report_dir=%s" % (base / "drift"))
+        drift_file = base / "drift" / "cluster.json"
+        drift = json.loads(drift_file.read_text()) if drift_file.exists() else {"gate_text": "no drift report (tune.yml --check failed)"}
+    finally:
+        LAB.down(NAME)
+    pair = {"before": before, "after": after, "tune_wall_s": round(tune_wall, 1), "tune_rc": res.returncode,
+            "drift_gate": drift["gate_text"], "gain_pct": round(gain_of(before, after), 1)}
+    return pair
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", default="10M")
-    parser.add_argument("--window", type=float, default=20.0)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--window", type=float, default=15.0)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--port", type=int, default=22295)
     # Needs iperf3 on this machine too (the client runs in the namespace): apt-get install iperf3.
     parser.add_argument("--out", default=None)
     options = parser.parse_args(argv)
     command = "%s %s" % (Path(sys.executable).name, " ".join([str(Path(__file__).relative_to(ROOT))] + (argv or sys.argv[1:])))
     out = Path(options.out) if options.out else None
+    pairs = []
     with tempfile.TemporaryDirectory(prefix="closed-loop-") as tmp:
-        base = Path(tmp)
-        LAB.up(NAME, "gpu-node", options.port)
-        inst = LAB.load_instance(NAME)
-        try:
-            inv = inventory(inst, base, {})
-            # A node whose IRQs were never tuned: irqbalance stopped, the driver's own spread (LAB.md).
-            ssh(inst, "systemctl stop irqbalance; ethtool -L %s combined 6" % IFACE)
-            start_workers(inst)
-            # The traffic outlasts both phases and tune.yml (about 12 min under TCG); it is stopped at the end.
-            seconds = 3600
-            with Traffic(inst, options.rate, seconds) as traffic:
-                before = phase(inst, inv, "before", options.reps, options.window, base / "before")
-                res, tune_wall = playbook(inv, "tune.yml", "-e", "gpunode_tune_report_dir=%s" % (base / "tune"))
-                if res.returncode:
-                    raise SystemExit("tune.yml failed:\n%s" % res.stdout[-4000:])
-                start_workers(inst)
-                print(json.dumps({"before": dict((k, v) for k, v in before.items() if k != "windows")}, default=str), flush=True)
-                after = phase(inst, inv, "after", options.reps, options.window, base / "after")
-                print(json.dumps({"after": dict((k, v) for k, v in after.items() if k != "windows")}, default=str), flush=True)
-                traffic.stop()
-            playbook(inv, "tune.yml", "--check", "-e", "gpunode_tune_report_dir=%s" % (base / "drift"))
-            drift_file = base / "drift" / "cluster.json"
-            drift = json.loads(drift_file.read_text()) if drift_file.exists() else {"gate_text": "no drift report (tune.yml --check failed)"}
-            result = {"command": command, "machine": platform.platform(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                      "rate": options.rate, "window": options.window, "reps": options.reps,
-                      "before": before, "after": after,
-                      "tune_wall_s": tune_wall, "tune_rc": res.returncode, "drift_gate": drift["gate_text"]}
-            text, gain = markdown(result)
-            result["gain_pct"] = gain
-            print(text)
-            if out:
-                out.write_text(text)
-                out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-                for label in ("before", "after"):
-                    dest = out.parent / ("closed_loop_%s" % label)
-                    shutil.rmtree(dest, ignore_errors=True)
-                    shutil.copytree(base / label, dest)
-        finally:
-            LAB.down(NAME)
-    return 0
+        for n in range(options.pairs):
+            base = Path(tmp) / ("pair-%d" % n)
+            base.mkdir()
+            pair = one_pair(options, base, options.port)
+            pairs.append(pair)
+            print(json.dumps({"pair": n + 1, "holds": holds(pair), "gain_pct": pair["gain_pct"],
+                              "before": [pair["before"][k] for k in ("verdict", "verdict_rule", "named_irq_cpus")],
+                              "after": [pair["after"][k] for k in ("verdict", "verdict_rule", "named_irq_cpus")]}), flush=True)
+        gains = [p["gain_pct"] for p in pairs]
+        result = {"command": command, "machine": platform.platform(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  "rate": options.rate, "window": options.window, "reps": options.reps,
+                  "pairs": pairs, "all_hold": all(holds(p) for p in pairs),
+                  "median_gain_pct": round(statistics.median(gains), 1), "drift_gate": pairs[-1]["drift_gate"]}
+        text = markdown(result)
+        print(text)
+        if out:
+            out.write_text(text)
+            out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+            for label in ("before", "after"):
+                dest = out.parent / ("closed_loop_%s" % label)
+                shutil.rmtree(dest, ignore_errors=True)
+                shutil.copytree(Path(tmp) / ("pair-%d" % (options.pairs - 1)) / label, dest)
+    return 0 if result["all_hold"] else 1
 
 
 if __name__ == "__main__":
