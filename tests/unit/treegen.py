@@ -58,6 +58,7 @@ with a directory (``tree.break_irq(n)``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -584,3 +585,18 @@ def build_tree(root, spec):
             os.makedirs(os.path.join(root, "run/systemd/system"), exist_ok=True)
     _write(os.path.join(tree.proc, "1/comm"), "systemd\n")
     return tree
+
+
+def snapshot_tree(root):
+    """Every file and link under ``root``: a link as ("link", target), a file as (sha256 of its bytes, its mode
+    bits), so that a test can show a run changed nothing (or exactly what it planned)."""
+    out = {}
+    for base, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(base, name)
+            if os.path.islink(path):
+                out[os.path.relpath(path, root)] = ("link", os.readlink(path))
+                continue
+            with open(path, "rb") as handle:
+                out[os.path.relpath(path, root)] = (hashlib.sha256(handle.read()).hexdigest(), os.lstat(path).st_mode & 0o7777)
+    return out

@@ -63,17 +63,7 @@ def set_mask(tree, queue, text):
         handle.write(text + "\n")
 
 
-def snapshot(root):
-    out = {}
-    for base, _dirs, files in os.walk(root):
-        for name in files:
-            path = os.path.join(base, name)
-            if os.path.islink(path):
-                out[os.path.relpath(path, root)] = ("link", os.readlink(path))
-                continue
-            with open(path, "rb") as handle:
-                out[os.path.relpath(path, root)] = (handle.read(), os.lstat(path).st_mode & 0o7777)
-    return out
+snapshot = treegen.snapshot_tree
 
 
 def stored(tree):
