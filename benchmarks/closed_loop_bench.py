@@ -381,6 +381,9 @@ def main(argv=None):
             base.mkdir()
             pair = one_pair(options, base, options.port)
             pairs.append(pair)
+            if out:
+                # Each pair kept as it ends: a pair that fails later does not lose the ones measured before it.
+                out.with_suffix(".partial.json").write_text(json.dumps(pairs, indent=1, default=str) + "\n")
             print(json.dumps({"pair": n + 1, "holds": holds(pair), "gain_pct": pair["gain_pct"],
                               "before": [pair["before"][k] for k in ("verdict", "verdict_rule", "named_irq_cpus")],
                               "after": [pair["after"][k] for k in ("verdict", "verdict_rule", "named_irq_cpus")]}), flush=True)
@@ -394,6 +397,7 @@ def main(argv=None):
         if out:
             out.write_text(text)
             out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+            out.with_suffix(".partial.json").unlink(missing_ok=True)
             for label in ("before", "after"):
                 dest = out.parent / ("closed_loop_%s" % label)
                 shutil.rmtree(dest, ignore_errors=True)
