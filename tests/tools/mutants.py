@@ -66,7 +66,10 @@ AREAS = {
         [UT + "test_nvidia_smi.py", UT + "test_dcgmi.py", UM + "test_preflight_modules.py"],
     ),
     "preflight": ([MU + "_preflight.py"], [UT + "test_preflight.py", UM + "test_preflight_modules.py"]),
-    "softnet_verdict": ([MU + "_softnet_verdict.py"], [UT + "test_softnet_verdict.py", UT + "test_softnet.py"]),
+    "softnet_verdict": (
+        [MU + "_softnet_verdict.py"],
+        [UT + "test_softnet_verdict.py", UT + "test_softnet.py", UT + "test_softnet_issue28.py"],
+    ),
 }
 
 # mutmut's own exit-code table (mutmut.stats.status_by_exit_code), read in the scratch copy.
