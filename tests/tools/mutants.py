@@ -68,7 +68,8 @@ AREAS = {
     "preflight": ([MU + "_preflight.py"], [UT + "test_preflight.py", UM + "test_preflight_modules.py"]),
     "softnet_verdict": (
         [MU + "_softnet_verdict.py"],
-        [UT + "test_softnet_verdict.py", UT + "test_softnet.py", UT + "test_softnet_issue28.py"],
+        [UT + "test_softnet_verdict.py", UT + "test_softnet.py", UT + "test_softnet_issue28.py",
+         UT + "test_softnet_verdict_numbers.py"],
     ),
 }
 
