@@ -172,3 +172,32 @@ def test_recorded_after_run_is_no_contention_with_the_saturated_irq_cpu_as_a_fin
         assert finding["name"] == "irq_cpus_saturated" and finding["cpus"] == [2]
         assert "CPU 2 135 in 10.06 s (13.42 per s), usr 12.93 %" in finding["reason"]
         assert "More queues do not help" in finding["remedy"]
+
+
+# ------------------------------------------------------------------ the pinned closed loop of 2026-12-04
+
+PINNED = json.loads((Path(__file__).resolve().parents[2] / "fixtures" / "softnet_captures" /
+                     "closed_loop_2026-12-04.json").read_text())
+
+
+@pytest.mark.parametrize("phase, verdict, rule", [
+    ("before", "contention", "contention"),
+    ("after", "no_contention", "irq_cpus_no_user_work"),
+])
+def test_recorded_pinned_run_gives_the_same_verdict_and_reasons(phase, verdict, rule):
+    """The last pair of the 5-pair run with QEMU's vCPUs pinned (benchmarks/closed_loop_results.json): before
+    tuning CPU 4 runs a worker and the NIC's softirq (usr 46 %, soft 47 %, 224 squeezes in 10.02 s), after it the
+    dedicated IRQ CPU 2 runs no user work (usr 14 %) and squeezes (2.69 per s). Judged again from the report's numbers, the verdict, the
+    rule and every reason are the ones the diagnose of that run wrote."""
+    data = PINNED[phase]
+    result = judge({"elapsed": data["interval"], "cpus": data["cpus"], "link": data["link"]}, data["irq_cpus"])
+    assert (result["verdict"], result["verdict_rule"]) == (verdict, rule) == (data["verdict_then"],
+                                                                              data["verdict_rule_then"])
+    assert result["reasons"] == data["reasons_then"]
+    if phase == "before":
+        assert result["contended_cpus"] == [4]
+        assert "CPU 4 224 in 10.02 s (22.36 per s)" in result["reasons"][2]
+    else:
+        # 27 squeezes in 10.03 s on the dedicated IRQ CPU without user work: the packet-rate finding, not contention
+        assert result["contended_cpus"] == []
+        assert [(f["name"], f["cpus"]) for f in result["findings"]] == [("irq_cpus_saturated", [2])]
