@@ -85,7 +85,7 @@ def test_without_interface_or_processed_counts_the_rate_is_unknown():
 def test_no_irq_cpus_says_why_when_told(why, text):
     result = judge(signals([row(0, 7, **SHARED)]), [], LIMITS, irq_cpus_why=why)
     assert result["verdict_rule"] == "no_irq_cpus"
-    assert result["reasons"][0].startswith(text), result["reasons"]
+    assert result["reasons"][0] == text + "; pass irq_cpus to say where the NIC's interrupts are handled"
     assert result["reasons"][1] == "time_squeeze on all CPUs: 7 in 3 s (2.33 per s)"
 
 
@@ -98,6 +98,14 @@ def test_no_user_work_and_saturated_finding_quote_the_thresholds():
     (finding,) = result["findings"]
     assert finding["reason"] == (
         "IRQ CPUs 0 squeeze at or above 0.75 per s with usr below 33 %: CPU 0 9 in 3 s (3 per s), usr 1 %, soft 45 %")
+
+
+def test_a_finding_on_two_cpus_lists_each():
+    result = judge(signals([row(0, 9, usr=1.0, soft=45.0), row(1, 6, usr=2.0, soft=30.0), row(2, usr=90.0)]), [0, 1],
+                   LIMITS)
+    (finding,) = result["findings"]
+    assert finding["reason"].endswith(
+        ": CPU 0 9 in 3 s (3 per s), usr 1 %, soft 45 %, CPU 1 6 in 3 s (2 per s), usr 2 %, soft 30 %")
 
 
 def test_no_joint_quotes_both_thresholds_and_the_highest_softirq():
@@ -173,9 +181,19 @@ def test_no_squeezes_at_all_is_a_share_of_0():
 
 
 def test_one_squeeze_on_a_cpu_without_irq_is_reported():
-    result = judge(signals([row(0, 30, **SHARED), row(3, 1)]), [0], LIMITS)
-    assert result["non_irq_squeeze_cpus"] == [3]
-    assert any(reason.startswith("squeezes on CPUs that carry no NIC queue IRQ: CPU 3 +1") for reason in result["reasons"])
+    result = judge(signals([row(0, 30, **SHARED), row(3, 1), row(1, 4)]), [0], LIMITS)
+    assert result["non_irq_squeeze_cpus"] == [1, 3]
+    assert result["totals"]["time_squeeze_other_cpus"] == 5
+    assert ("squeezes on CPUs that carry no NIC queue IRQ: CPU 1 +4, CPU 3 +1 (RPS/RFS, another NIC, or IRQs moved "
+            "during the sample)") in result["reasons"]
+
+
+def test_squeezes_elsewhere_and_backlog_drops_read_as_the_report_prints_them():
+    result = judge(signals([row(0, 10, dropped=2, **SHARED), row(5, 30, dropped=1)]), [0], LIMITS)
+    assert result["verdict_rule"] == "squeezes_elsewhere"
+    assert ("the shared CPUs 0 carry 25 % of all squeezes (10 of 40), below 61 %: most squeezes are elsewhere "
+            "(another NIC, RPS, IRQs moved during the sample)") in result["reasons"]
+    assert "softnet backlog drops: 3 in 3 s (netdev_max_backlog exceeded)" in result["reasons"]
 
 
 def test_unknown_drop_counts_are_not_drops():
@@ -201,7 +219,9 @@ def test_squeeze_rate_exactly_at_the_threshold_squeezes():
     assert result["verdict"] == "contention" and result["contended_cpus"] == [0] and result["hot_cpus"] == [0]
     data = signals([row(0, 3, usr=1.0, soft=40.0), row(1, usr=90.0)])
     data["elapsed"] = 4.0
-    assert [f["cpus"] for f in judge(data, [0], LIMITS)["findings"]] == [[0]]
+    result = judge(data, [0], LIMITS)
+    assert [f["cpus"] for f in result["findings"]] == [[0]]
+    assert result["hot_cpus"] == [0]        # by its squeeze rate alone: usr 1 % is no user work
 
 
 def test_hot_cpus_are_the_squeezing_or_shared_ones_only():
@@ -250,8 +270,16 @@ def test_bad_threshold_value_names_itself_and_what_is_expected():
     assert err.value.details["value"] == -1 and err.value.details["expected"] == "a number >= 0"
 
 
+@pytest.mark.parametrize("value", [True, "5", [5]])
+def test_a_threshold_that_is_not_a_number_is_refused_not_crashed_on(value):
+    with pytest.raises(SoftnetError) as err:
+        validate_thresholds({"user_pct": value})
+    assert err.value.details["value"] == value
+
+
 def test_describe_findings_quotes_given_thresholds_or_placeholders():
     (finding,) = describe_findings({"user_pct": 33, "squeeze_rate": 0.75})
+    assert (finding["name"], finding["title"]) == ("irq_cpus_saturated", "IRQ CPUs saturated by packet rate")
     assert finding["condition"] == "an IRQ CPU with usr below 33 % squeezes 0.75 times per second or more"
     (finding,) = describe_findings(placeholder="O(%s)")
     assert finding["condition"] == "an IRQ CPU with usr below O(user_pct) % squeezes O(squeeze_rate) times per second or more"
