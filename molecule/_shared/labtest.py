@@ -241,6 +241,25 @@ def _console_tail(node, text, lines=40):
     return "\n".join([line for line in clean.splitlines() if line.strip()][-lines:])
 
 
+def _timed(node, back, offset, start):
+    """``back`` that also prints where the reboot's time went (issue 28's lab budget: a TCG reboot is the largest
+    item of the suite): seconds until the old system's shutdown completed (the console's SHUTDOWN_DONE), until SSH
+    answered in the new boot, and the new boot's own ``systemd-analyze time`` (kernel, initrd, userspace)."""
+    seen = {}
+
+    def predicate():
+        if "shutdown" not in seen and SHUTDOWN_DONE in _console_since(node, offset):
+            seen["shutdown"] = time.monotonic() - start
+        if not back():
+            return False
+        res = ssh(node["name"], "systemd-analyze time 2> /dev/null | head -1", check=False, timeout=60)
+        print("reboot of %s: shutdown complete after %s s, SSH in the new boot after %.0f s; %s" % (
+            node["name"], "%.0f" % seen["shutdown"] if "shutdown" in seen else "?", time.monotonic() - start,
+            res.stdout.strip() or "systemd-analyze: no answer"))
+        return True
+    return predicate
+
+
 def reboot_all(nodes, boot_ids, timeout=600):
     """Reboot ``nodes`` at once (systemd, 2 s after each SSH session ends); seconds until every one answers SSH in
     a new boot.
@@ -261,7 +280,7 @@ def reboot_all(nodes, boot_ids, timeout=600):
         start_reboot(node)
     start = time.monotonic()
     for node in nodes:
-        back = in_new_boot(node, boot_ids[node["name"]])
+        back = _timed(node, in_new_boot(node, boot_ids[node["name"]]), offsets[node["name"]], start)
         if wait_until(back, timeout=max(0.0, RESET_AFTER - (time.monotonic() - start)), step=2) is not None:
             continue
         text = _console_since(node, offsets[node["name"]])
