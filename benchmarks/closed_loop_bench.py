@@ -295,6 +295,7 @@ def control(pair):
     far (another load on this machine, a slower or faster host core) says so instead of a gain."""
     cpus = [c for c in WORKER_CPUS if pair["before"]["cpus"][c if c in pair["before"]["cpus"] else str(c)]
             ["softirq_pct"]["median"] < 5.0]
+
     def rate(phase):
         per = pair[phase]["per_worker_per_s"]
         return sum(per[c if c in per else str(c)]["median"] for c in cpus)
@@ -351,8 +352,8 @@ def markdown(result):
             n, b["verdict"], b["verdict_rule"], cpus_text(b["named_irq_cpus"]), b["irq_cpus_source"],
             a["verdict"], a["verdict_rule"], cpus_text(a["named_irq_cpus"]), a["irq_cpus_source"],
             b["workers_per_s"]["median"], a["workers_per_s"]["median"], p["gain_pct"],
-            "-" if not c["cpus"] else "%.0f -> %.0f (%+.1f %%, %s)" % (c["before"], c["after"], c["change_pct"],
-                                                                      cpus_text(c["cpus"])),
+            "-" if not c["cpus"] else "%.0f -> %.0f (%+.1f %%, %s)" % (
+                c["before"], c["after"], c["change_pct"], cpus_text(c["cpus"])),
             b["rx_packets"]["median"], a["rx_packets"]["median"]))
     moved = [n for n, p in enumerate(pairs, 1) if control(p)["change_pct"] is not None and abs(control(p)["change_pct"]) > 10]
     if moved:

@@ -225,8 +225,8 @@ def test_every_fence_at_once_puts_each_kind_of_work_where_it_belongs():
     grown = sum(sum(c) for c in after.values()) - sum(sum(c) for c in before.values())
     growth = {n: [a - b for a, b in zip(after[n], before.get(n, [0] * 8))] for n in after}
     print("data NIC queue IRQs under traffic: %d interrupts, counts grew on CPUs %s (IRQ CPUs %s); per IRQ %s; "
-          "effective_affinity_list when counting started %s" % (grown, sorted(fired), sorted(irq),
-                                                               json.dumps(growth), json.dumps(EFFECTIVE)))
+          "effective_affinity_list when counting started %s"
+          % (grown, sorted(fired), sorted(irq), json.dumps(growth), json.dumps(EFFECTIVE)))
     # The earlier "grew on CPUs 1,3,4,5" was the management NIC's IRQs, counted by name; this counts the data NIC's.
     # Asserted for every queue IRQ the kernel has moved (effective_affinity_list on the IRQ CPUs when counting
     # started): traffic arrived and its counts grew on the IRQ CPUs only. An IRQ that has not fired since the pin
