@@ -92,8 +92,11 @@ def fleet(tmp_path_factory):
     softnet_load.stop_writer(process, stop_file)
 
 
-def run_playbook(inventory, report_dir, *extra):
+def run_playbook(inventory, report_dir, *extra, env_extra=None, margin="1"):
+    # margin: diagnose_window_margin. Local hosts start a module in well under a second; the window test keeps the
+    # playbook's default (None).
     env = dict(os.environ)
+    env.update(env_extra or {})
     env["PATH"] = "%s:%s" % (VENV_BIN, env.get("PATH", ""))
     env["ANSIBLE_COLLECTIONS_PATH"] = os.environ["ANSIBLE_COLLECTIONS_PATH"]  # set by tests/conftest.py
     env["ANSIBLE_NOCOLOR"] = "1"
@@ -101,7 +104,7 @@ def run_playbook(inventory, report_dir, *extra):
     argv = [
         str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / "playbooks" / "diagnose.yml"),
         "-e", "diagnose_interval=1", "-e", "diagnose_report_dir=%s" % report_dir,
-    ] + list(extra)
+    ] + (["-e", "diagnose_window_margin=%s" % margin] if margin is not None else []) + list(extra)
     return subprocess.run(argv, env=env, cwd=str(report_dir.parent), capture_output=True, text=True, timeout=300, check=False)
 
 
@@ -217,3 +220,39 @@ def test_check_mode_still_samples_writes_the_report_and_gates(fleet):
     report = json.loads((report_dir / "cluster.json").read_text())
     assert report["counts"]["contention"] == 2 and report["host_count"] == 6
     assert affinities(base) == before
+
+
+def test_nothing_of_the_play_runs_on_a_host_inside_its_sampling_window(fleet, tmp_path):
+    # Issue 28: every module run is a Python process on the host it measures. diagnose.yml once read the NIC
+    # (nic_irq_facts) and waited (wait_for) on the targets while their jobs sampled, and the closed loop's tuned
+    # node was judged contention by its own diagnose. Now the NIC is read before the launch and the controller
+    # pauses until the window is over. A callback records when each task ran on each host; the window is the
+    # sampling job's own (its two samples' wall-clock instants).
+    base, inventory = fleet
+    report_dir = base / "report-window"
+    times = tmp_path / "task_times.jsonl"
+    result = run_playbook(inventory, report_dir, "-e", "diagnose_interval=2", "--limit", "gpu-a,gpu-c,gpu-d", env_extra={
+        "ANSIBLE_CALLBACK_PLUGINS": str(Path(__file__).resolve().parent / "callback_plugins"),
+        "ANSIBLE_CALLBACKS_ENABLED": "task_times", "GPUNODE_TASK_TIMES": str(times)}, margin=None)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    report = json.loads((report_dir / "cluster.json").read_text())
+    windows = dict((host["host"], host["softnet"]["window"]) for host in report["hosts"])
+    assert sorted(windows) == ["gpu-a", "gpu-c", "gpu-d"]
+    rows = [json.loads(line) for line in times.read_text().splitlines()]
+    ran = set(row["task"] for row in rows)
+    # the callback saw the play: the NIC read, the launch, the controller's pause and the collection
+    assert {"Read the NIC, its queue IRQs and where they land", "Start sampling on every host (two samples, diagnose_interval seconds apart)",
+            "Wait on the controller until the sampling window is over", "Collect the samples"} <= ran, sorted(ran)
+    overlapping = []
+    for row in rows:
+        window = windows.get(row["host"])
+        if row["action"] == "ansible.builtin.pause" or row["task"].startswith("Start sampling") or window is None:
+            continue       # the launch returns before the first sample; pause runs on the controller only
+        if row["start"] < window["end"] and row["end"] > window["start"]:
+            overlapping.append((row["host"], row["task"], round(row["start"] - window["start"], 2),
+                                round(row["end"] - window["end"], 2)))
+    assert not overlapping, overlapping
+    # and the collection came after the window on every host: nothing of it was measured
+    waited = "Wait for the samples (each host's job writes its result when both samples are taken)"
+    collect = dict((row["host"], row["start"]) for row in rows if row["task"] == waited)
+    assert sorted(collect) == sorted(windows) and all(collect[h] >= windows[h]["end"] for h in windows), (collect, windows)

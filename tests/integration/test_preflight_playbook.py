@@ -75,7 +75,8 @@ def run_preflight(inventory, report_dir, *extra):
     env["ANSIBLE_NOCOLOR"] = "1"
     env["ANSIBLE_FORKS"] = "6"
     argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / "playbooks" / "preflight.yml"),
-            "-e", "diagnose_interval=1", "-e", "preflight_become=false", "-e", "preflight_report_dir=%s" % report_dir] + list(extra)
+            "-e", "diagnose_interval=1", "-e", "diagnose_window_margin=1", "-e", "preflight_become=false",
+            "-e", "preflight_report_dir=%s" % report_dir] + list(extra)
     return subprocess.run(argv, env=env, cwd=str(report_dir.parent), capture_output=True, text=True, timeout=300, check=False)
 
 

@@ -6,7 +6,8 @@ Runs after prepare (irqbalance stopped, an address on enp66s1), the check step (
 1  converge's report: cluster.md, cluster.json, cluster.html and cluster.junit.xml; the gate is GO; the VM's
    verdicts come out as such, never as passes - C-states not visible (TCG has no cpuidle), no GPU, x86 so no
    SMMUv3/CMDQV - and the guest's own facts are the report's (architecture, page size, SMT, the NIC and its
-   queue IRQs); the check step's report has the same findings; the JUnit file is valid against Jenkins'
+   queue IRQs); the check step's report has the same findings (the measured softnet verdict may differ: pass or
+   not_applicable); the JUnit file is valid against Jenkins'
    junit-10.xsd; the HTML has the gate and one grid row
 2  a planted NUMA misplacement: stress-ng with its memory bound to node 1 and its CPUs to node 0 (numactl), the
    preflight told to judge it - cpu_power:numa_remote is fatal, the playbook exits non-zero (NO-GO), the JUnit file
@@ -67,9 +68,14 @@ def test_converge_report_says_go_with_the_vm_verdicts_as_such():
     assert layout["evidence"]["interface"] == GPU["iface"] and sorted(set(layout["evidence"]["irq_cpus"].values())) == effective
     # the idle guest: no contention (pass), idle (not_applicable: no user work, no traffic) or inconclusive
     assert found["softnet:contention"]["status"] in ("pass", "not_applicable", "unknown"), found["softnet:contention"]
-    # The check step saw the same guest.
+    # The check step saw the same guest: every finding read from the guest's configuration is the same. The softnet
+    # verdict is a measurement of a live guest over diagnose_interval, different in each window: an idle guest's is pass or
+    # not_applicable (CI, 2026-12-04: pass under --check, not_applicable in the run), never a fatal one.
     check = findings(load("check"))
-    assert dict((k, f["status"]) for k, f in check.items()) == dict((k, f["status"]) for k, f in found.items())
+    assert check["softnet:contention"]["status"] in ("pass", "not_applicable", "unknown"), check["softnet:contention"]
+    assert not [f for f in check.values() if f["fatal"]]
+    assert dict((k, f["status"]) for k, f in check.items() if k != "softnet:contention") == \
+        dict((k, f["status"]) for k, f in found.items() if k != "softnet:contention")
     junit = validate_junit(EPHEMERAL / "preflight-run" / "cluster.junit.xml")
     assert int(junit.get("failures")) == 0 and int(junit.get("tests")) == len(found)
     page = grid(EPHEMERAL / "preflight-run" / "cluster.html")
