@@ -140,7 +140,8 @@ idle:
       type: str
     causes:
       description: What limits the deep states, each C(cause) (bios, no_driver, kernel_parameter, sysfs_disabled,
-        ladder, pm_qos, resume_latency, tuned, vm) with a C(message) quoting the evidence.
+        ladder, pm_qos, resume_latency, tuned, vm) with a C(message) quoting the evidence (and C(param), C(cpus),
+        C(states) where the cause has them).
       type: list
       elements: dict
     notes:
@@ -157,36 +158,197 @@ idle:
     deepest_entered:
       description: The deepest state some CPU has entered (usage above 0), or null.
       type: str
+    reachable_cpus:
+      description: The CPUs whose deepest enabled state is deep (CPU list); only where deep states exist.
+      type: str
+      returned: when a CPU exposes a deep state
     driver:
       description: The cpuidle driver (C(intel_idle), C(acpi_idle), C(haltpoll), C(none)), null without cpuidle.
       type: str
     governor:
       description: The cpuidle governor.
       type: str
+    cpus:
+      description: Every online CPU's states as read from sysfs (CPU number as a string -> list of states with
+        C(time), C(default_status), C(above) and C(below) too).
+      type: dict
+    cmdline_limits:
+      description: Kernel parameters on the command line that limit C-states (C(param), C(effect)).
+      type: list
+      elements: dict
+    module_params:
+      description: The idle drivers' module parameters that limit states (intel_idle C(max_cstate), ...).
+      type: dict
+    cpu_dma_latency_us:
+      description: The PM QoS CPU latency request now in force (C(/dev/cpu_dma_latency)), or null if unreadable.
+      type: int
+    pm_qos_holders:
+      description: The processes holding C(/dev/cpu_dma_latency) open (C(pid), C(comm)).
+      type: list
+      elements: dict
+    tuned:
+      description: tuned's C(profiles) in use, whether it is C(running), the C(force_latency) they set and the profile
+        it comes C(from); null without tuned.
+      type: dict
+    resume_latency_us:
+      description: Per CPU (number as a string), the device PM QoS resume latency limit where one is set.
+      type: dict
   sample: {"verdict": "not_visible", "driver": "none", "causes": [{"cause": "vm", "message": "a kvm guest ..."}]}
 frequency:
-  description: The frequency reading and verdict (C(verdict) V(ok), V(limited) or V(not_visible); C(causes);
-    C(drivers); C(governors) governor -> CPU list).
+  description: The frequency reading and verdict.
   returned: always
   type: dict
+  contains:
+    verdict:
+      description: V(ok), V(limited) or V(not_visible).
+      type: str
+    causes:
+      description: What limits the frequency, each C(cause) with a C(message) quoting the evidence.
+      type: list
+      elements: dict
+    notes:
+      description: Observations that do not change the verdict.
+      type: list
+      elements: str
+    drivers:
+      description: The cpufreq scaling drivers in use.
+      type: list
+      elements: str
+    governors:
+      description: Governor -> CPU list.
+      type: dict
+    policies:
+      description: Every cpufreq policy as read from sysfs (policy number as a string -> its CPUs, driver, governor,
+        available governors, minimum and maximum frequencies).
+      type: dict
+    boost:
+      description: C(/sys/devices/system/cpu/cpufreq/boost), null if absent.
+      type: int
+    intel_pstate:
+      description: intel_pstate's global files (C(no_turbo), C(status), ...), null without intel_pstate.
+      type: dict
+    amd_pstate:
+      description: amd_pstate's C(status), null without amd_pstate.
+      type: str
+    cmdline:
+      description: Kernel parameters on the command line that bear on frequency (intel_pstate=, cpufreq.default_governor=, ...).
+      type: list
+      elements: str
 measured:
-  description: With O(sample_seconds), the busy CPUs' frequency (C(verdict) V(ok), V(low) or V(unknown),
-    C(busy_mhz), C(rated_mhz), C(method)); and C(cpus) per CPU busy share and MHz.
+  description: With O(sample_seconds), the busy CPUs' frequency.
   returned: when O(sample_seconds) is above 0
   type: dict
+  contains:
+    verdict:
+      description: V(ok), V(low) or V(unknown).
+      type: str
+    message:
+      description: The verdict in words, with the numbers.
+      type: str
+    method:
+      description: How the frequency was measured, V(aperf_mperf) (through the msr device) or V(scaling_cur_freq);
+        null when it could not be.
+      type: str
+    busy_cpus:
+      description: The CPUs at least O(busy_pct) busy with a measured frequency (CPU list).
+      type: str
+    busy_mhz:
+      description: Their mean frequency in MHz, null when none.
+      type: float
+    rated_mhz:
+      description: Their rated maximum (cpuinfo_max_freq) in MHz, null when none.
+      type: float
+    cpus:
+      description: Per CPU (number as a string), C(busy_pct) and C(mhz) over the sample.
+      type: dict
+    seconds:
+      description: The sample's measured length.
+      type: float
 numa:
-  description: C(numa_balancing), and C(processes) with each checked process's placement and C(findings).
+  description: NUMA placement of the selected processes.
   returned: always
   type: dict
+  contains:
+    numa_balancing:
+      description: C(/proc/sys/kernel/numa_balancing) as C(value) and C(name), null if absent.
+      type: dict
+    processes:
+      description: Each selected process's placement (C(pid), C(name), C(cpus_allowed), C(mems_allowed),
+        C(local_nodes), memory per node from numa_maps, C(remote_pct), C(policies), C(notes)).
+      type: list
+      elements: dict
+    irq_cpus:
+      description: O(irq_cpus) as a CPU list, null when not given.
+      type: str
+    findings:
+      description: Per process, C(flagged), the C(rules) it broke (V(remote_memory), V(irq_cpus)) and the C(reasons).
+      type: list
+      elements: dict
 gpus:
-  description: C(nvidia-smi topo -m) parsed (C(gpus) with local CPUs and NUMA node, C(nics), C(paths)), or
-    C(available) false with the reason.
+  description: C(nvidia-smi topo -m) parsed, or C(available) false with the C(reason).
   returned: always
   type: dict
+  contains:
+    available:
+      description: Whether a topology was read.
+      type: bool
+    reason:
+      description: Why not.
+      type: str
+      returned: when C(available) is false
+    source:
+      description: C(nvidia-smi topo -m) or the file of O(gpu_topology).
+      type: str
+      returned: when C(available) is true
+    topology:
+      description: The matrix (C(gpus) with their CPU affinity and NUMA node, C(nics), the link of each pair).
+      type: dict
+      returned: when C(available) is true
+    local_cpus:
+      description: GPU index -> the CPUs local to it.
+      type: dict
+      returned: when C(available) is true
+    nic_paths:
+      description: GPU index -> C(links) (NIC -> link class), the C(best_class) and the C(best_nics).
+      type: dict
+      returned: when C(available) is true
 virtualization:
-  description: C(virtualized), C(type) (kvm, qemu, vmware, amazon, microsoft, xen, vm, none) and the C(evidence).
+  description: Whether this is a virtual machine.
   returned: always
   type: dict
+  contains:
+    virtualized:
+      description: True in a VM.
+      type: bool
+    type:
+      description: kvm, qemu, vmware, amazon, microsoft, xen, vm or none.
+      type: str
+    evidence:
+      description: What showed it (DMI strings, the hypervisor CPU flag).
+      type: list
+      elements: str
+findings:
+  description: One line per check for a gate (the preflight playbook's C(cpu_power:*) findings).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    check:
+      description: V(idle), V(frequency), V(measured), V(numa_remote) or V(numa_irq_cpus).
+      type: str
+    status:
+      description: V(pass), V(fail), V(not_visible) or V(unknown); V(not_visible) is never a pass.
+      type: str
+    verdict:
+      description: The check's own verdict.
+      type: str
+    message:
+      description: The verdict in words, with its evidence.
+      type: str
+    pid:
+      description: The process judged (the NUMA checks).
+      type: int
+      returned: for V(numa_remote) and V(numa_irq_cpus)
 ansible_facts:
   description: C(cpu_power), the whole result.
   returned: always

@@ -320,6 +320,85 @@ def test_bad_input_fails_before_anything_is_read(tmp_path, key, value, match):
     assert info.value.details.get("value", info.value.details.get("expected")) is not None
 
 
+@pytest.mark.parametrize("key, value, expected", [
+    ("remote_threshold_pct", 100.5, "a percentage from 0 to 100"),
+    ("min_frequency_pct", -0.5, "a percentage from 0 to 100"),
+    ("busy_pct", None, "a percentage from 0 to 100"),
+    ("sample_seconds", 600.5, "seconds from 0 to 600"),
+    ("irq_cpus", "0-x", "a CPU list such as 0-10 or a list of integers"),
+    ("gpu_topology", "/nonexistent/topo.txt", "auto, never, or the path of a saved nvidia-smi topo -m output"),
+])
+def test_a_refusal_names_the_option_the_value_and_what_was_expected(tmp_path, key, value, expected):
+    # What the module's fail_json carries (option, value, expected): a user fixing an inventory reads these.
+    freq_tree(tmp_path)
+    with pytest.raises(_cpu_power.CpuPowerError) as info:
+        _cpu_power.cpu_power_facts(params(tmp_path, **{key: value}))
+    assert info.value.details == {"option": key, "value": value, "expected": expected}
+    assert str(info.value).startswith("%s %r " % (key, value))
+
+
+@pytest.mark.parametrize("key, value", [
+    ("remote_threshold_pct", 0), ("remote_threshold_pct", 100), ("busy_pct", 0), ("min_frequency_pct", 100),
+    ("sample_seconds", 0), ("irq_cpus", ""), ("irq_cpus", []), ("gpu_topology", None), ("gpu_topology", "never"),
+])
+def test_the_edges_of_every_range_are_accepted(tmp_path, key, value):
+    freq_tree(tmp_path)
+    res = _cpu_power.cpu_power_facts(params(tmp_path, **{key: value}))
+    assert res["idle"]["verdict"] and res["frequency"]["verdict"]
+    if key == "irq_cpus":
+        assert res["numa"]["irq_cpus"] is None      # empty means not given
+    if key == "gpu_topology":
+        # None means the default, auto: on a generated tree nvidia-smi is not run
+        assert res["gpus"]["reason"] == ("gpu_topology is never" if value == "never" else "a captured tree: nvidia-smi is not run")
+
+
+def test_validate_accepts_the_longest_sample_and_parses_irq_cpus():
+    base = dict(busy_pct=50, min_frequency_pct=90, remote_threshold_pct=10, gpu_topology="never")
+    assert _cpu_power.validate(dict(base, sample_seconds=_cpu_power.MAX_SAMPLE_SECONDS, irq_cpus=None)) == {
+        "seconds": _cpu_power.MAX_SAMPLE_SECONDS, "irq_cpus": None, "gpu_topology": "never"}
+    assert _cpu_power.validate(dict(base, sample_seconds=None, irq_cpus="0-2,7"))["irq_cpus"] == {0, 1, 2, 7}
+    assert _cpu_power.validate(dict(base, sample_seconds=0, irq_cpus=[3, 1], gpu_topology=""))["gpu_topology"] == "auto"
+
+
+def test_findings_give_one_line_per_check_and_one_per_process_and_rule():
+    # The gate's lines from a result: the three CPU checks, then per judged process the remote-memory rule and,
+    # with IRQ CPUs given, the IRQ-CPU rule; a process a rule flags fails that check only.
+    result = {
+        "idle": {"verdict": "deep_cstate_reachable", "reachable_cpus": "0-3", "deepest_enabled": "C6", "causes": []},
+        "frequency": {"verdict": "ok", "governors": {"performance": "0-1", "schedutil": "2-3"}, "causes": []},
+        "measured": {"verdict": "low", "message": "busy CPUs 2 ran at 1200 MHz"},
+        "numa": {"irq_cpus": "0-1", "findings": [
+            {"pid": 41, "name": "python3", "rules": ["irq_cpus"], "reasons": ["allowed CPUs 0-3 include IRQ CPUs 0-1"]},
+            {"pid": 42, "name": "trainer", "rules": [], "reasons": []},
+        ]},
+    }
+    assert _cpu_power.findings(result) == [
+        {"check": "idle", "status": "pass", "verdict": "deep_cstate_reachable",
+         "message": "deep C-states reachable on CPUs 0-3 (deepest enabled C6)"},
+        {"check": "frequency", "status": "pass", "verdict": "ok",
+         "message": "governors performance on 0-1, schedutil on 2-3, turbo on, no cap"},
+        {"check": "measured", "status": "fail", "verdict": "low", "message": "busy CPUs 2 ran at 1200 MHz"},
+        {"check": "numa_remote", "status": "pass", "pid": 41, "verdict": "ok",
+         "message": "python3 (pid 41): allowed CPUs 0-3 include IRQ CPUs 0-1"},
+        {"check": "numa_irq_cpus", "status": "fail", "pid": 41, "verdict": "flagged",
+         "message": "python3 (pid 41): allowed CPUs 0-3 include IRQ CPUs 0-1"},
+        {"check": "numa_remote", "status": "pass", "pid": 42, "verdict": "ok", "message": "trainer (pid 42): placement ok"},
+        {"check": "numa_irq_cpus", "status": "pass", "pid": 42, "verdict": "ok", "message": "trainer (pid 42): placement ok"},
+    ]
+    # limited: the causes' messages; no IRQ CPUs: the remote-memory rule only; no sample: no measured line
+    limited = {
+        "idle": {"verdict": "limited", "causes": [{"message": "C6 disabled"}, {"message": "max_cstate=1"}]},
+        "frequency": {"verdict": "not_visible", "causes": [{"message": "a vm guest"}]},
+        "numa": {"irq_cpus": None, "findings": [
+            {"pid": 7, "name": "x", "rules": ["remote_memory"], "reasons": ["62 % remote"]}]},
+    }
+    assert _cpu_power.findings(limited) == [
+        {"check": "idle", "status": "fail", "verdict": "limited", "message": "C6 disabled; max_cstate=1"},
+        {"check": "frequency", "status": "not_visible", "verdict": "not_visible", "message": "a vm guest"},
+        {"check": "numa_remote", "status": "fail", "pid": 7, "verdict": "flagged", "message": "x (pid 7): 62 % remote"},
+    ]
+
+
 def test_findings_on_a_bare_metal_tree(tmp_path):
     tree(tmp_path, "idle_intel_idle_c6_disabled.txt")
     freq_tree(tmp_path, no_turbo="1")

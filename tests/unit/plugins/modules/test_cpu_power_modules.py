@@ -12,6 +12,7 @@ cpuidle states and no cpufreq."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,83 @@ def test_settings_take_the_kernel_limits_off_with_the_kernel_cmdline_code_and_ab
     kind, gone = modharness.run(cpu_power_settings, dict(args, state="absent"))
     assert kind is Exit and gone["changed"] is True and grub.read_text() == limited
     assert not (tmp_path / "var/lib/gpunode-tuning/kernel-cmdline.json").exists()
+
+
+def _return_doc(module):
+    """The module's RETURN: top key -> its ``contains`` (or {})."""
+    import yaml
+    doc = yaml.safe_load(module.RETURN)
+    return dict((key, value.get("contains") or {}) for key, value in doc.items())
+
+
+def _keys(results, key):
+    seen = set()
+    for res in results:
+        part = res.get(key)
+        for item in (part if isinstance(part, list) else [part]):
+            if isinstance(item, dict):
+                seen.update(item)
+    return seen
+
+
+def test_facts_return_exactly_the_documented_keys(tmp_path):
+    # What ansible-doc says cpu_power_facts returns is what a playbook gets: every key of the result, and every key
+    # of its dicts (and of the findings' items), is documented in RETURN, and every documented one is returned on
+    # one of three nodes - a tree with a deep state reachable and a saved nvidia-smi topo, one without deep states,
+    # and this live host (a VM: nothing visible) with a sample, a process judged and IRQ CPUs.
+    topo = FIXTURES / "nvidia_topo" / "hgx_nv18_8gpu_12nic_gpu_numa_id.txt"
+    runs = []
+    for name, capture, topology in (("deep", "idle_intel_idle_server_c6.txt", str(topo)),
+                                    ("limited", "idle_intel_idle_c6_disabled.txt", "never")):
+        kind, res = modharness.run(cpu_power_facts, dict(node(tmp_path / name, capture=capture), gpu_topology=topology))
+        assert kind is Exit, res
+        runs.append(res)
+    kind, live = modharness.run(cpu_power_facts, dict(sample_seconds=0.2, pids=[os.getpid()], irq_cpus="0",
+                                                      gpu_topology="never"))
+    assert kind is Exit, live
+    runs.append(live)
+    assert runs[0]["idle"]["verdict"] == "deep_cstate_reachable" and runs[0]["gpus"]["available"] is True
+    doc = _return_doc(cpu_power_facts)
+    returned = set().union(*(set(res) for res in runs)) - {"changed"}
+    assert returned == set(doc), (sorted(returned - set(doc)), sorted(set(doc) - returned))
+    for key, contains in doc.items():
+        if contains:
+            assert _keys(runs, key) == set(contains), (key, sorted(_keys(runs, key) - set(contains)),
+                                                       sorted(set(contains) - _keys(runs, key)))
+    assert runs[2]["ansible_facts"]["cpu_power"] == dict((k, v) for k, v in runs[2].items() if k not in ("changed", "ansible_facts"))
+
+
+def test_gpu_topology_auto_never_runs_nvidia_smi_for_a_captured_tree(tmp_path):
+    kind, res = modharness.run(cpu_power_facts, dict(node(tmp_path), gpu_topology="auto"))
+    assert kind is Exit and res["gpus"] == {"available": False, "reason": "a captured tree: nvidia-smi is not run"}
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has nvidia-smi")
+def test_gpu_topology_auto_on_a_host_without_nvidia_smi_says_so():
+    # The live host, its real PATH: the test machine has no NVIDIA driver.
+    kind, res = modharness.run(cpu_power_facts, dict(gpu_topology="auto"))
+    assert kind is Exit and res["gpus"] == {"available": False, "reason": "nvidia-smi is not installed"}
+
+
+def test_gpu_topology_auto_reads_what_nvidia_smi_prints_and_quotes_its_failure():
+    # nvidia-smi does not run here: the runner gives what it printed on a real HGX node (the saved capture), then
+    # what a failing run printed (a driver that is not loaded; rc 9 as nvidia-smi exits then).
+    from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_power import _gpus
+    text = (FIXTURES / "nvidia_topo" / "hgx_nv18_8gpu_12nic_gpu_numa_id.txt").read_text()
+    calls = []
+
+    def run(argv):
+        calls.append(argv)
+        return 0, text, ""
+    got = _gpus("auto", run)
+    assert calls == [["nvidia-smi", "topo", "-m"]]
+    assert got["available"] is True and got["source"] == "nvidia-smi topo -m" and len(got["topology"]["gpus"]) == 8
+    assert got == dict(_gpus(str(FIXTURES / "nvidia_topo" / "hgx_nv18_8gpu_12nic_gpu_numa_id.txt"), None),
+                       source="nvidia-smi topo -m")
+    failed = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    assert _gpus("auto", lambda argv: (9, "%s\n" % failed, "")) == {
+        "available": False, "reason": "nvidia-smi topo -m failed (rc 9): %s" % failed}
+    assert _gpus("auto", lambda argv: (9, "ignored", " on stderr \n"))["reason"] == "nvidia-smi topo -m failed (rc 9): on stderr"
+    assert _gpus("auto", lambda argv: (127, "", "")) == {"available": False, "reason": "nvidia-smi is not installed"}
+    bad = _gpus("auto", lambda argv: (0, "no matrix here\n", ""))
+    assert bad["available"] is False and bad["reason"].startswith("nvidia-smi topo -m: ") and len(bad) == 2
