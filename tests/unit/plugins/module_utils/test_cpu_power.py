@@ -479,3 +479,35 @@ def test_deep_names(name):
 
 def test_poll_is_shallow_by_name_or_desc():
     assert _cpu_idle.is_shallow({"name": "POLL", "desc": ""}) and _cpu_idle.is_poll({"name": "x", "desc": "CPUIDLE CORE POLL IDLE"})
+
+
+def test_a_sample_on_a_tree_reads_the_tree_as_it_changes(tmp_path):
+    # sample_seconds on a generated tree: the module sleeps through the sample in 5 reads; here each "sleep" moves
+    # the tree's counters on as a busy CPU 2 at 1.9 GHz would (its /proc/stat and scaling_cur_freq), so the result
+    # is what the tree says, not what this host does.
+    tree(tmp_path, "idle_intel_idle_server_c6.txt")
+    freq_tree(tmp_path)
+    stat = tmp_path / "proc/stat"
+
+    def write_stat(busy2):
+        lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+        for cpu in range(4):
+            user = busy2 if cpu == 2 else 0
+            lines.append("cpu%d %d 0 0 %d 0 0 0 0 0 0" % (cpu, user, 1000 if cpu == 2 else 1000 + busy2))
+        stat.write_text("\n".join(lines) + "\n")
+    write_stat(0)
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        write_stat(200 * len(slept))
+        for cpu in range(4):
+            (tmp_path / ("sys/devices/system/cpu/cpufreq/policy%d/scaling_cur_freq" % cpu)).write_text(
+                "%d\n" % (1900000 if cpu == 2 else 800000))
+    res = _cpu_power.cpu_power_facts(params(tmp_path, sample_seconds=2), sleep=sleep)
+    assert slept == [0.4] * 5
+    measured = res["measured"]
+    assert measured["method"] == "scaling_cur_freq" and measured["busy_cpus"] == "2"
+    assert measured["cpus"]["2"] == {"busy_pct": 100.0, "mhz": 1900.0} and measured["cpus"]["0"]["busy_pct"] == 0.0
+    assert measured["busy_mhz"] == 1900.0 and measured["rated_mhz"] == 3800.0 and measured["verdict"] == "low"
+    assert [f["check"] for f in res["findings"]][-1] == "measured" and res["findings"][-1]["status"] == "fail"

@@ -255,3 +255,50 @@ def test_gpu_topology_auto_reads_what_nvidia_smi_prints_and_quotes_its_failure()
     assert _gpus("auto", lambda argv: (127, "", "")) == {"available": False, "reason": "nvidia-smi is not installed"}
     bad = _gpus("auto", lambda argv: (0, "no matrix here\n", ""))
     assert bad["available"] is False and bad["reason"].startswith("nvidia-smi topo -m: ") and len(bad) == 2
+
+
+def test_facts_report_every_reading_they_judge_from_their_own_tree(tmp_path):
+    # A node whose every reading is set to something other than its default: the result carries each one as read
+    # from this tree (sysfs, procfs and the tree's own /dev and /etc), not from the host running the test. Two NUMA
+    # nodes (CPUs 0-1, 2-3) and one judged process on node 0 with 40 % of its pages on node 1.
+    import struct
+    args = node(tmp_path, capture="idle_intel_idle_server_c6.txt")
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    w(sysfs / "module/intel_idle/parameters/max_cstate", "9")
+    w(sysfs / "devices/system/cpu/cpu1/power/pm_qos_resume_latency_us", "0")
+    w(sysfs / "devices/system/cpu/cpufreq/boost", "1")
+    w(sysfs / "devices/system/cpu/intel_pstate/status", "active")
+    w(sysfs / "devices/system/cpu/intel_pstate/no_turbo", "0")
+    w(sysfs / "class/dmi/id/sys_vendor", "QEMU")
+    for n, cpus in ((0, "0-1"), (1, "2-3")):
+        w(sysfs / ("devices/system/node/node%d/cpulist" % n), cpus)
+    w(sysfs / "devices/system/node/online", "0-1")
+    w(procfs / "cmdline", "ro intel_pstate=active")
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/cpu_dma_latency").write_bytes(struct.pack("<i", 2000000000))
+    w(tmp_path / "etc/tuned/active_profile", "gpunode-test")
+    w(tmp_path / "usr/lib/tuned/gpunode-test/tuned.conf", "[main]\nsummary=test\n")
+    w(procfs / "4242/comm", "tuned")
+    w(procfs / "4242/status", "Name:\ttuned\nCpus_allowed_list:\t0-1\nMems_allowed_list:\t0-1\n")
+    w(procfs / "4242/cmdline", "tuned")
+    w(procfs / "4242/numa_maps", "7f0000000000 default anon=100 dirty=100 N0=60 N1=40 kernelpagesize_kB=4")
+    (procfs / "4242/fd").mkdir()
+    (procfs / "4242/fd/3").symlink_to("/dev/cpu_dma_latency")
+    kind, res = modharness.run(cpu_power_facts, dict(args, gpu_topology="never", pids=[4242], irq_cpus="1"))
+    assert kind is Exit, res
+    idle, freq, numa = res["idle"], res["frequency"], res["numa"]
+    assert idle["module_params"] == {"intel_idle.max_cstate": "9"}
+    assert idle["resume_latency_us"] == {"1": "0"}
+    assert idle["cpu_dma_latency_us"] == 2000000000
+    assert idle["pm_qos_holders"] == [{"pid": 4242, "comm": "tuned"}]
+    assert idle["tuned"] == {"profiles": ["gpunode-test"], "running": True, "force_latency": None, "from": None}
+    assert sorted(idle["cpus"]) == ["0", "1", "2", "3"] and [s["name"] for s in idle["cpus"]["2"]] == \
+        [s["name"] for s in idle["states_cpu0"]]
+    assert idle["cmdline_limits"] == []
+    assert freq["boost"] == 1 and freq["intel_pstate"]["status"] == "active" and freq["intel_pstate"]["no_turbo"] == "0"
+    assert freq["amd_pstate"] is None and freq["cmdline"] == ["intel_pstate=active"]
+    assert sorted(freq["policies"]) == ["0", "1", "2", "3"] and freq["policies"]["3"]["governor"] == "powersave"
+    assert res["virtualization"]["virtualized"] is True and "QEMU" in " ".join(res["virtualization"]["evidence"])
+    [proc] = numa["processes"]
+    assert proc["pid"] == 4242 and proc["local_nodes"] == [0] and proc["remote_nodes"] == [1] and proc["remote_pct"] == 40.0
+    assert numa["irq_cpus"] == "1" and numa["findings"][0]["rules"] == ["remote_memory", "irq_cpus"]
