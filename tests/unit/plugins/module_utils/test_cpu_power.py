@@ -390,12 +390,12 @@ def test_findings_give_one_line_per_check_and_one_per_process_and_rule():
         "idle": {"verdict": "limited", "causes": [{"message": "C6 disabled"}, {"message": "max_cstate=1"}]},
         "frequency": {"verdict": "not_visible", "causes": [{"message": "a vm guest"}]},
         "numa": {"irq_cpus": None, "findings": [
-            {"pid": 7, "name": "x", "rules": ["remote_memory"], "reasons": ["62 % remote"]}]},
+            {"pid": 7, "name": "x", "rules": ["remote_memory"], "reasons": ["62 % remote", "on node 1"]}]},
     }
     assert _cpu_power.findings(limited) == [
         {"check": "idle", "status": "fail", "verdict": "limited", "message": "C6 disabled; max_cstate=1"},
         {"check": "frequency", "status": "not_visible", "verdict": "not_visible", "message": "a vm guest"},
-        {"check": "numa_remote", "status": "fail", "pid": 7, "verdict": "flagged", "message": "x (pid 7): 62 % remote"},
+        {"check": "numa_remote", "status": "fail", "pid": 7, "verdict": "flagged", "message": "x (pid 7): 62 % remote; on node 1"},
     ]
 
 
