@@ -40,6 +40,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import (
 )
 from ansible_collections.gpunode.tuning.plugins.module_utils._interrupts import InterruptsError, parse_interrupts
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_KEYS, NicError, read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._proc_tasks import attribute, describe, on_cpus, read_tasks
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_procfs import SoftnetError, read_sample
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_signals import compute_signals, delta_u32
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
@@ -145,6 +146,33 @@ def validate_options(options):
     return float(interval), irq_cpus, thresholds, speed
 
 
+def usr_of(signals, cpu):
+    """The CPU's usr + nice percentage in the window (0 when unknown)."""
+    for row in signals["cpus"]:
+        if row["cpu"] == cpu and row["usr"] is not None:
+            return row["usr"] + row["nice"]
+    return 0.0
+
+
+def processes_on(signals, irq_cpus, tasks_first, tasks_second, procfs, min_user_pct=1.0):
+    """Whose user work ran on the IRQ CPUs (``_proc_tasks``): CPUs whose usr is ``min_user_pct`` or more.
+
+    Returns ``{irq_cpus: [...], notes: [...]}``; ``irq_cpus`` as ``_proc_tasks.on_cpus``.
+    """
+    rows, unreadable = attribute(tasks_first, tasks_second)
+    user_ticks = {}
+    for row in signals["cpus"]:
+        if row["cpu"] in irq_cpus and row["usr"] is not None and row["usr"] + row["nice"] >= min_user_pct:
+            user_ticks[row["cpu"]] = int(round((row["usr"] + row["nice"]) * row["ticks"] / 100.0))
+    notes = []
+    if not tasks_second:
+        notes.append("no thread readable under %s/*/task: the processes on the IRQ CPUs are unknown" % procfs)
+    if unreadable:
+        notes.append("%d thread stat lines under %s are not stat lines" % (unreadable, procfs))
+    return {"irq_cpus": on_cpus(rows, sorted(user_ticks), user_ticks, procfs=procfs) if tasks_second else [],
+            "notes": notes}
+
+
 def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep, clock=time.monotonic):
     """Read the NIC, sample every signal twice ``interval`` seconds apart, judge.
 
@@ -176,9 +204,12 @@ def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep,
     interface = nic["interface"] if nic else None
     speed = speed_option if speed_option is not None else (nic or {}).get("speed_mbps")
 
+    # The threads are read just outside the window, so that reading them is not user work inside it.
+    tasks_first = read_tasks(procfs)
     first = read_sample(procfs, clock=clock)
     sleep(interval)
     second = read_sample(procfs, clock=clock)
+    tasks_second = read_tasks(procfs)
 
     fired, fired_notes = irq_cpus_fired(nic, first.get("interrupts"), second.get("interrupts"))
     notes.extend(fired_notes)
@@ -222,6 +253,11 @@ def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep,
     verdict = judge(signals, irq_cpus, thresholds, irq_cpus_why=why)
     irq_set = set(irq_cpus)
     hot = set(verdict["hot_cpus"])
+    user_work = processes_on(signals, irq_set, tasks_first, tasks_second, procfs)
+    reasons = list(verdict["reasons"])
+    busy = [item for item in user_work["irq_cpus"] if usr_of(signals, item["cpu"]) >= verdict["thresholds"]["user_pct"]]
+    if busy:
+        reasons.append("user work on the IRQ CPUs, by process: %s" % "; ".join(describe(item) for item in busy))
     for row in signals["cpus"]:
         row["irq_cpu"] = row["cpu"] in irq_set
         row["hot"] = row["cpu"] in hot
@@ -233,8 +269,10 @@ def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep,
         "changed": False,
         "verdict": verdict["verdict"],
         "verdict_rule": verdict["verdict_rule"],
-        "reasons": verdict["reasons"],
+        "reasons": reasons,
         "signals": verdict["signals"],
+        "irq_cpu_processes": user_work["irq_cpus"],
+        "task_notes": user_work["notes"],
         "interface": interface,
         "pci_address": (nic or {}).get("pci_address"),
         "driver": (nic or {}).get("driver"),

@@ -227,6 +227,28 @@ findings:
       description: What to do about it.
       type: str
       returned: always
+irq_cpu_processes:
+  description:
+    - Whose user work ran on the IRQ CPUs during the window, for each IRQ CPU with usr + nice of 1 % or more.
+    - Read from C(/proc/PID/task/TID/stat) just before and just after the window; a thread's C(utime) growth is
+      charged to the CPU it last ran on (exact for a thread bound to one CPU). A thread that started and ended inside
+      the window is not seen, so C(attributed_pct) is the share of the CPU's user ticks the listed threads explain.
+    - When an IRQ CPU's usr reaches O(user_pct), the reasons name these processes.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - cpu: 2
+      user_ticks: 470
+      attributed_pct: 98.3
+      processes:
+        - {pid: 814, comm: python3, cgroup: /user.slice/user-1000.slice/session-4.scope, user_ticks: 462, user_share_pct: 98.3}
+task_notes:
+  description: Why the processes on the IRQ CPUs are unknown or partly unknown (no readable thread, unreadable lines).
+  returned: always
+  type: list
+  elements: str
+
 signals:
   description: The three signals of the guide; null where the rules did not get that far.
   returned: always
