@@ -17,18 +17,15 @@ list string such as ``"0-3,8"``, an integer, a list of integers).
 
 from __future__ import annotations
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, format_cpulist, parse_cpulist
 
 # How the errors name each argument; callers with other option names pass ``labels``.
 LABELS = {"housekeeping": "housekeeping", "irq_cpus": "irq_cpus", "reserved": "reserved", "workload": "workload"}
 
 
-class PartitionError(ValueError):
+class PartitionError(DetailedError):
     """A split that cannot be made; ``details`` names the option, the bad value and what was expected."""
-
-    def __init__(self, message, **details):
-        super(PartitionError, self).__init__(message)
-        self.details = details
 
 
 def _blank(value):

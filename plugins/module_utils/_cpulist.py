@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+
 MAX_CPUS = 8192
 
 # One region of a CPU list (lib/bitmap-str.c bitmap_parse_region): "all" (any case) or START[-END], a group suffix
@@ -35,7 +37,7 @@ _SEPARATOR_RE = re.compile(r"[\s,]+")
 _WORD_RE = re.compile(r"[0-9a-fA-F]{1,8}\Z")
 
 
-class CpuListError(ValueError):
+class CpuListError(DetailedError):
     """A CPU list or mask that cannot be parsed.
 
     ``value`` is the offending input (or the offending item of it) and
@@ -43,13 +45,7 @@ class CpuListError(ValueError):
     """
 
     def __init__(self, message, value=None, expected=None):
-        super(CpuListError, self).__init__(message)
-        self.value = value
-        self.expected = expected
-
-    @property
-    def details(self):
-        return {"value": self.value, "expected": self.expected}
+        super(CpuListError, self).__init__(message, value=value, expected=expected)
 
 
 def _check_limit(cpu, max_cpus, text):

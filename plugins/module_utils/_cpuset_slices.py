@@ -44,6 +44,7 @@ import os
 import re
 import time
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_partition import PartitionError, as_cpulists, split
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, format_cpulist, parse_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import is_live_root, join, list_dir, read_cpulist, read_raw, read_text
@@ -96,13 +97,9 @@ _UNIT_NAME_MAX = 255
 _DROPIN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.conf\Z")
 
 
-class SliceError(Exception):
+class SliceError(DetailedError):
     """Bad input, a node this cannot work on, a failed write or systemctl, or cgroups that did not follow;
     ``details`` names the option or path, the bad value and what was expected."""
-
-    def __init__(self, message, **details):
-        super(SliceError, self).__init__(message)
-        self.details = details
 
 
 # ---------------------------------------------------------------- names --

@@ -26,15 +26,18 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+
 _FLOWS = frozenset(
     ["edge", "level", "fasteoi", "simple", "percpu", "percpu_devid", "eoi", "untracked", "bad", "nested", "ioapic", "msi", "Edge", "Level"]
 )
 
 
-class InterruptsError(ValueError):
+class InterruptsError(DetailedError):
+    """A /proc/interrupts text that cannot be read; ``details`` hold the ``value`` and what was ``expected``."""
+
     def __init__(self, message, value=None, expected=None):
-        super(InterruptsError, self).__init__(message)
-        self.details = {"value": value, "expected": expected}
+        super(InterruptsError, self).__init__(message, value=value, expected=expected)
 
 
 def _is_flow(token):

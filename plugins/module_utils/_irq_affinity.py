@@ -40,6 +40,7 @@ import json
 import os
 import tempfile
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, format_cpulist, parse_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import check_roots, join, read_raw, read_text
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import read_irqbalance
@@ -58,12 +59,8 @@ MANAGED_ERRNOS = (errno.EIO, errno.EPERM)
 REFUSALS_FILE = "run/gpunode/irq-affinity-refused.json"
 
 
-class AffinityError(Exception):
+class AffinityError(DetailedError):
     """Bad input or a failed write. ``details`` carries the value and what was expected."""
-
-    def __init__(self, message, **details):
-        super(AffinityError, self).__init__(message)
-        self.details = details
 
 
 class PlanItem(object):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import shlex
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, format_cpulist, parse_cpulist, parse_cpumask
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join, list_dir, read_cpulist, read_raw, read_text
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import NicError, normalize_pci
@@ -52,12 +53,11 @@ def parse_config(text):
     return values
 
 
-class IrqbalanceError(Exception):
+class IrqbalanceError(DetailedError):
     """Bad input for the irqbalance plan. ``details`` holds ``value`` and ``expected``."""
 
     def __init__(self, message, value=None, expected=None):
-        super(IrqbalanceError, self).__init__(message)
-        self.details = {"value": value, "expected": expected}
+        super(IrqbalanceError, self).__init__(message, value=value, expected=expected)
 
 
 BANNED_BY_DEFAULT = "isolated+nohz_full"

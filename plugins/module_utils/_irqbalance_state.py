@@ -28,6 +28,7 @@ import json
 import os
 import re
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import join
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import UNIT, IrqbalanceError, plan_ban, read_irqbalance
 from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
@@ -65,12 +66,8 @@ _ENABLED_RC0 = ("enabled", "static", "generated", "transient")
 _ACTIVE = ("active", "activating", "reloading")
 
 
-class StateError(Exception):
+class StateError(DetailedError):
     """Bad input, an unreadable marker or a failed systemctl; ``details`` names the value or path."""
-
-    def __init__(self, message, **details):
-        super(StateError, self).__init__(message)
-        self.details = details
 
 
 # ------------------------------------------------------------------- render --

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import re
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import MAX_CPUS, CpuListError, parse_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._validate import InputError, check_kernel_param
 
@@ -37,12 +38,8 @@ BARE_ALLOWED = ("rcu_nocbs",)
 BOOT_KEYS = ("BOOT_IMAGE", "initrd")
 
 
-class KernelCmdlineError(Exception):
+class KernelCmdlineError(DetailedError):
     """Bad input or a configuration this module cannot change safely; ``details`` names the value or path."""
-
-    def __init__(self, message, **details):
-        super(KernelCmdlineError, self).__init__(message)
-        self.details = details
 
 
 Param = collections.namedtuple("Param", "key text name value")

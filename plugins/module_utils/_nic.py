@@ -20,6 +20,7 @@ import json
 import os
 import re
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import format_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import (
     TreeError,
@@ -52,12 +53,8 @@ SELECTOR_ARGUMENT_SPEC = dict(
 SELECTOR_MUTUALLY_EXCLUSIVE = [SELECTOR_KEYS]
 
 
-class NicError(Exception):
+class NicError(DetailedError):
     """A NIC that cannot be found or selected. ``details`` holds the value and candidates."""
-
-    def __init__(self, message, **details):
-        super(NicError, self).__init__(message)
-        self.details = details
 
 
 def check_selector(selector):

@@ -28,6 +28,8 @@ import os
 import re
 import tempfile
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+
 PKG = "ansible_collections.gpunode.tuning.plugins.module_utils"
 PKG_DIR = PKG.replace(".", "/")
 INIT_DIRS = [
@@ -57,12 +59,8 @@ HEADER = "Managed by gpunode.tuning (nic_irq_pinning role, nic_irq_persist modul
 _IMPORT = re.compile(r"^from ansible_collections\.gpunode\.tuning\.plugins\.module_utils\.(_\w+) import", re.M)
 
 
-class PersistError(Exception):
+class PersistError(DetailedError):
     """A file that cannot be read, written or rolled back; ``details`` names the path."""
-
-    def __init__(self, message, **details):
-        super(PersistError, self).__init__(message)
-        self.details = details
 
 
 def marker_bytes(data):

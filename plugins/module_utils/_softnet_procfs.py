@@ -45,6 +45,7 @@ from __future__ import annotations
 import os
 import time
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import format_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import read_raw
 from ansible_collections.gpunode.tuning.plugins.module_utils._interrupts import InterruptsError, parse_interrupts
@@ -80,7 +81,7 @@ NET_DEV_FIELDS = (
 )
 
 
-class SoftnetError(Exception):
+class SoftnetError(DetailedError):
     """A proc file or an option that cannot be used.
 
     ``details`` holds the offending ``value`` and what was ``expected``, plus
@@ -88,17 +89,14 @@ class SoftnetError(Exception):
     """
 
     def __init__(self, message, value=None, expected=None, path=None):
-        super(SoftnetError, self).__init__(message)
-        self.value = value
-        self.expected = expected
-        self.path = path
+        details = {"value": value, "expected": expected}
+        if path is not None:
+            details["path"] = path
+        super(SoftnetError, self).__init__(message, **details)
 
     @property
-    def details(self):
-        details = {"value": self.value, "expected": self.expected}
-        if self.path is not None:
-            details["path"] = self.path
-        return details
+    def path(self):
+        return self.details.get("path")
 
 
 def parse_softnet_stat(text, online=None, path="/proc/net/softnet_stat"):

@@ -141,3 +141,29 @@ def test_softnet_reads_with_the_shared_reader_and_parses_softirqs_as_a_cpu_table
     monkeypatch.setattr(_softnet_procfs, "parse_interrupts", lambda text: parsed.append(text) or _interrupts.parse_interrupts(text))
     assert _softnet_procfs.parse_softirqs(text)["cpus"] == [0, 2]
     assert parsed == [text]
+
+
+def test_every_error_of_module_utils_derives_from_the_one_base():
+    """#30: one error base. Every ``*Error`` class of module_utils derives from ``_errors.DetailedError`` (so a module
+    catches one type and passes ``details`` to fail_json), and none sets ``self.details`` itself: the base does."""
+    import importlib
+    import inspect
+
+    from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+
+    offenders, copies = [], []
+    for path in sorted((PLUGINS / "module_utils").glob("_*.py")):
+        module = importlib.import_module("ansible_collections.gpunode.tuning.plugins.module_utils.%s" % path.stem)
+        for name, klass in inspect.getmembers(module, inspect.isclass):
+            if klass.__module__ != module.__name__ or not name.endswith("Error") or klass is DetailedError:
+                continue
+            if not issubclass(klass, DetailedError):
+                offenders.append("%s.%s" % (path.stem, name))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Attribute) and t.attr == "details" and isinstance(t.value, ast.Name) and t.value.id == "self"
+                for t in node.targets
+            ) and path.stem != "_errors":
+                copies.append("%s:%d" % (path.name, node.lineno))
+    assert offenders == [], "errors that do not derive from DetailedError: %s" % offenders
+    assert copies == [], "self.details set outside _errors.DetailedError: %s" % copies
