@@ -270,6 +270,8 @@ def phase(inst, inv, label, reps, seconds, report_dir):
         "label": label, "verdict": report["verdict"], "verdict_rule": report.get("verdict_rule"), "reasons": report["reasons"],
         "named_irq_cpus": report.get("irq_cpus", []), "irq_cpus_source": report.get("irq_cpus_source"),
         "irq_cpus": irq, "diagnose_wall_s": round(wall, 1), "affinity": affinity,
+        # whose user work ran on the IRQ CPUs during the diagnose window (softnet_check's irq_cpu_processes)
+        "irq_cpu_processes": (report.get("softnet") or {}).get("irq_cpu_processes"),
         "workers_per_s": summary([sum(w["workers"][c] for c in WORKER_CPUS) for w in windows]),
         "per_worker_per_s": dict((c, summary([w["workers"][c] for w in windows])) for c in WORKER_CPUS),
         "cpus": dict((c, {k: summary([w["cpus"][c][k] for w in windows]) for k in ("user_pct", "softirq_pct", "squeezes", "dropped")})
@@ -418,6 +420,8 @@ def one_pair(options, base, port, last=True):
             before = phase(inst, inv, "before", options.reps, options.window, base / "before")
             res, tune_wall = playbook(inv, "tune.yml", "-e", "gpunode_tune_report_dir=%s" % (base / "tune"))
             if res.returncode:
+                if options.out:     # the whole play's output beside the results, for the failure's first task
+                    Path(options.out).with_suffix(".tune-failed.log").write_text(res.stdout + res.stderr)
                 raise SystemExit("tune.yml failed:\n%s" % res.stdout[-4000:])
             start_workers(inst)
             after = phase(inst, inv, "after", options.reps, options.window, base / "after")

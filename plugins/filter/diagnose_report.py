@@ -19,6 +19,7 @@ import html
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import format_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import sampling_result
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
     DEFAULT_THRESHOLDS,
     RULES,
@@ -453,4 +454,5 @@ class FilterModule(object):
             "diagnose_html": _wrap(diagnose_html),
             "diagnose_summary": _wrap(diagnose_summary),
             "diagnose_lines": _wrap(diagnose_lines),
+            "softnet_sampling_result": _wrap(sampling_result),
         }

@@ -53,7 +53,8 @@ def preflight_collect(results, policy, generated_at):
 def drift_collect(results, generated_at, check_mode=True):
     """``{host: {reports: {role: report fact}, error}}`` -> the drift cluster report (tune.yml)."""
     title = "gpunode.tuning drift report (tune.yml --check)" if check_mode else "gpunode.tuning tune report (changes applied)"
-    return build_report("drift", title, drift_collect_hosts(results), generated_at, gate_labels=DRIFT_LABELS)
+    return build_report("drift", title, drift_collect_hosts(results, applied=not check_mode), generated_at,
+                        gate_labels=DRIFT_LABELS)
 
 
 class FilterModule:

@@ -528,17 +528,23 @@ def never_tuned(report):
     return bool(actions) and all(action == ("create", "missing") for action in actions)
 
 
-def drift_findings(reports):
+def drift_findings(reports, applied=False):
     """One finding per role that ran (``{role: its report fact}``, DRIFT_ROLES order): pass when in sync, warn with
     every planned change (IRQ moves, values and units first, the library in one line); ``fatal`` true on drift (the
-    drift report's gate says DRIFT). A role that has installed nothing yet says "not tuned yet", not drift."""
+    drift report's gate says DRIFT). A role that has installed nothing yet says "not tuned yet", not drift.
+
+    ``applied``: the reports of a run without --check, whose changes were made (a role that failed fails the play):
+    every change is listed as made, and none is drift."""
     out = []
     for role in DRIFT_ROLES:
         report = reports.get(role)
         if report is None or isinstance(report, str):
             continue
         lines = _changes(report)
-        if lines and never_tuned(report):
+        if lines and applied:
+            message = "tuned: %d change(s) made: %s" % (len(lines), "; ".join(lines))
+            out.append(dict(finding(role, "pass", message, evidence=lines), fatal=False))
+        elif lines and never_tuned(report):
             message = "not tuned yet: %d change(s) to make: %s" % (len(lines), "; ".join(lines))
             out.append(dict(finding(role, "warn", message, evidence=lines,
                                     fix="run tune.yml without --check to tune this node"), fatal=True))
@@ -552,11 +558,12 @@ def drift_findings(reports):
     return out
 
 
-def drift_collect_hosts(results):
-    """``{host: {"reports": {role: report}, "error": str|None}}`` -> build_report's ``hosts``."""
+def drift_collect_hosts(results, applied=False):
+    """``{host: {"reports": {role: report}, "error": str|None}}`` -> build_report's ``hosts`` (``applied``: as
+    ``drift_findings``)."""
     hosts = {}
     for host, data in results.items():
         if not isinstance(data, dict):
             raise PreflightError("host %s has no reports mapping" % host, host=host, value=data, expected="{reports, error}")
-        hosts[host] = {"findings": drift_findings(data.get("reports") or {}), "error": data.get("error")}
+        hosts[host] = {"findings": drift_findings(data.get("reports") or {}, applied), "error": data.get("error")}
     return hosts

@@ -23,7 +23,7 @@ imports. ``/proc/stat`` says how much user work a CPU ran; this says whose.
   are a lower bound, and the report gives the share of the CPU's user ticks
   they explain. The same thread id with another ``starttime`` is a new thread.
 
-Ticks are USER_HZ, the unit of ``/proc/stat``, so shares need no clock rate.
+Ticks are USER_HZ (``user_hz``); the report gives percentages of the window's time, as mpstat does.
 """
 
 from __future__ import annotations
@@ -122,44 +122,54 @@ def read_cgroup(procfs, pid):
     return lines[0][2] if lines else None
 
 
-def on_cpus(rows, cpus, cpu_user_ticks, procfs="/proc", top=5):
-    """What ran user work on ``cpus``: per CPU, the processes in order and the share of the CPU's user ticks they explain.
+def user_hz():
+    """USER_HZ, the unit of utime and /proc/stat (``SC_CLK_TCK``; 100 on every architecture Linux runs GPUs on)."""
+    try:
+        return os.sysconf("SC_CLK_TCK") or 100
+    except (AttributeError, ValueError, OSError):
+        return 100
 
-    ``cpu_user_ticks`` maps a CPU to its user ticks in the window (``/proc/stat``). Returns a list, one item per CPU
-    of ``cpus`` with user ticks: ``{cpu, user_ticks, attributed_pct, processes: [{pid, comm, cgroup, user_ticks,
-    user_share_pct}]}``, at most ``top`` processes each (cgroups read now, from ``procfs``).
+
+def on_cpus(rows, cpu_user_pct, elapsed, procfs="/proc", top=5, hz=None):
+    """What ran user work on the CPUs of ``cpu_user_pct`` ({cpu: usr + nice % of the window, from /proc/stat}).
+
+    Per CPU, in CPU order: ``{cpu, user_pct, attributed_pct, processes: [{pid, comm, cgroup, user_ticks, user_pct}]}``
+    with at most ``top`` processes, largest first (cgroups read now, from ``procfs``). A process's ``user_pct`` is its
+    user time over the window's ``elapsed`` seconds, like mpstat's; ``attributed_pct`` is the share of the CPU's usr
+    that the listed threads explain (at most 100). Both are percentages of time: /proc/stat counts the ticks a CPU
+    received, and a guest whose vCPU is not scheduled loses ticks, while utime follows the task's measured runtime,
+    so ticks are never compared with ticks across the two.
     """
+    hz = hz or user_hz()
     result = []
     cgroups = {}
-    for cpu in sorted(cpus):
-        total = cpu_user_ticks.get(cpu) or 0
+    for cpu in sorted(cpu_user_pct):
         mine = [row for row in rows if row["cpu"] == cpu and row["user_ticks"] > 0]
-        if not total and not mine:
-            continue
         processes = []
         for row in mine[:top]:
             if row["pid"] not in cgroups:
                 cgroups[row["pid"]] = read_cgroup(procfs, row["pid"])
             processes.append({
                 "pid": row["pid"], "comm": row["comm"], "cgroup": cgroups[row["pid"]], "user_ticks": row["user_ticks"],
-                "user_share_pct": round(100.0 * row["user_ticks"] / total, 1) if total else None,
+                "user_pct": round(100.0 * row["user_ticks"] / (elapsed * hz), 1) if elapsed > 0 else None,
             })
-        attributed = sum(row["user_ticks"] for row in mine)
+        usr = cpu_user_pct[cpu]
+        attributed = 100.0 * sum(row["user_ticks"] for row in mine) / (elapsed * hz) if elapsed > 0 else 0.0
         result.append({
-            "cpu": cpu, "user_ticks": total, "processes": processes,
-            "attributed_pct": round(min(100.0, 100.0 * attributed / total), 1) if total else None,
+            "cpu": cpu, "user_pct": usr, "processes": processes,
+            "attributed_pct": round(min(100.0, 100.0 * attributed / usr), 1) if usr else None,
         })
     return result
 
 
 def describe(item):
-    """One line for a report: ``CPU 2: python3 (pid 814, /system.slice/x.service) 97 % of its user ticks, ...``."""
+    """One line for a report: ``CPU 2 (usr 46.8 %): systemd (pid 1203, /user.slice/...) 40.1 %, ...``."""
     parts = []
     for proc in item["processes"]:
-        share = "" if proc["user_share_pct"] is None else " %s %%" % proc["user_share_pct"]
+        share = "" if proc["user_pct"] is None else " usr %s %%" % proc["user_pct"]
         parts.append("%s (pid %d, %s)%s" % (proc["comm"], proc["pid"], proc["cgroup"] or "cgroup unknown", share))
-    text = "CPU %d: %s" % (item["cpu"], ", ".join(parts) or "no process seen")
+    text = "CPU %d (usr %s %%): %s" % (item["cpu"], item["user_pct"], ", ".join(parts) or "no process seen")
     if item["attributed_pct"] is not None and item["attributed_pct"] < 90:
-        text += " (these explain %s %% of its user ticks; the rest ran in threads that ended inside the window)" % (
+        text += " (these explain %s %% of its usr; the rest ran in threads that ended inside the window)" % (
             item["attributed_pct"])
     return text

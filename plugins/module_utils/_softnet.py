@@ -150,27 +150,23 @@ def usr_of(signals, cpu):
     """The CPU's usr + nice percentage in the window (0 when unknown)."""
     for row in signals["cpus"]:
         if row["cpu"] == cpu and row["usr"] is not None:
-            return row["usr"] + row["nice"]
+            return round(row["usr"] + (row["nice"] or 0.0), 2)
     return 0.0
 
 
 def processes_on(signals, irq_cpus, tasks_first, tasks_second, procfs, min_user_pct=1.0):
-    """Whose user work ran on the IRQ CPUs (``_proc_tasks``): CPUs whose usr is ``min_user_pct`` or more.
+    """Whose user work ran on the IRQ CPUs (``_proc_tasks``): those whose usr + nice is ``min_user_pct`` or more.
 
     Returns ``{irq_cpus: [...], notes: [...]}``; ``irq_cpus`` as ``_proc_tasks.on_cpus``.
     """
     rows, unreadable = attribute(tasks_first, tasks_second)
-    user_ticks = {}
-    for row in signals["cpus"]:
-        if row["cpu"] in irq_cpus and row["usr"] is not None and row["usr"] + row["nice"] >= min_user_pct:
-            user_ticks[row["cpu"]] = int(round((row["usr"] + row["nice"]) * row["ticks"] / 100.0))
+    busy = dict((cpu, usr_of(signals, cpu)) for cpu in sorted(irq_cpus) if usr_of(signals, cpu) >= min_user_pct)
     notes = []
     if not tasks_second:
         notes.append("no thread readable under %s/*/task: the processes on the IRQ CPUs are unknown" % procfs)
     if unreadable:
         notes.append("%d thread stat lines under %s are not stat lines" % (unreadable, procfs))
-    return {"irq_cpus": on_cpus(rows, sorted(user_ticks), user_ticks, procfs=procfs) if tasks_second else [],
-            "notes": notes}
+    return {"irq_cpus": on_cpus(rows, busy, signals["elapsed"], procfs=procfs) if tasks_second else [], "notes": notes}
 
 
 def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep, clock=time.monotonic):
@@ -298,3 +294,23 @@ def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep,
         "thresholds": verdict["thresholds"],
         "notes": notes,
     }
+
+
+def sampling_result(launch, status=None, nic_read=None):
+    """One host's softnet_check result from the three tasks of the sampling (diagnose.yml and preflight.yml share it).
+
+    ``launch`` is the registered start of the job (async with poll 0; in a sequential run, the result itself),
+    ``status`` the registered ``async_status`` that collected it, ``nic_read`` the registered NIC read before the
+    window. Returns the module's result (``finished`` set), or ``{failed: True, msg}`` saying why there is none:
+    the launch's own error, else the NIC read's (an unreachable host fails there, before the launch), else that
+    the job did not start, or did not finish in time.
+    """
+    launch, status, nic_read = launch or {}, status or {}, nic_read or {}
+    if "verdict" in launch or (launch.get("failed") and "ansible_job_id" not in launch):
+        return dict(launch, finished=1)     # a sequential run, or a job that failed to start: the launch holds it
+    if not status or status.get("skipped"):
+        first = nic_read.get("msg") or "the sampling job did not start (host unreachable?)"
+        return {"failed": True, "msg": launch.get("msg") or first}
+    if not status.get("finished"):
+        return {"failed": True, "msg": "the sampling job did not finish in time"}
+    return status

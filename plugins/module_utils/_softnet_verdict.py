@@ -117,7 +117,10 @@ class Facts(object):
         self.irq_user = [row["cpu"] for row in self.irq_rows if row["usr"] >= limits["user_pct"]]
         self.busy = [row["cpu"] for row in self.irq_rows if self.user_and_softirq(row)]
         self.contended = [cpu for cpu in self.busy if self.rate(squeezes[cpu]) >= limits["squeeze_rate"]]
-        self.on_busy = sum(squeezes[cpu] for cpu in self.busy)
+        # The squeezes of the IRQ CPUs that run user work, whether or not their softirq share reached softirq_pct:
+        # /proc/stat samples softirq time per tick, and a user-busy IRQ CPU's squeezes are the same contention
+        # (closed-loop run of 2026-12-05: CPU 5 usr 81.7 %, soft 4.17 %, 42 of 65 squeezes were "elsewhere").
+        self.on_busy = sum(squeezes[cpu] for cpu in self.irq_user)
         self.share = self.on_busy * 100.0 / self.total if self.total else 0.0
         self.saturated = [
             row["cpu"] for row in self.irq_rows
@@ -272,7 +275,7 @@ def _share_low(f):
     return [
         "the shared CPUs %s carry %s %% of all squeezes (%s of %s), below %s %%: most squeezes are elsewhere "
         "(another NIC, RPS, IRQs moved during the sample)"
-        % (format_cpulist(f.busy), _fmt(f.share, 1), _fmt(f.on_busy), _fmt(f.total),
+        % (format_cpulist(f.irq_user), _fmt(f.share, 1), _fmt(f.on_busy), _fmt(f.total),
            _fmt(f.limits["squeeze_share_pct"]))
     ]
 
@@ -321,7 +324,7 @@ RULES = (
     Rule("squeezes_low", "no such shared CPU squeezes {squeeze_rate} times per second or more", "no_contention",
          lambda f: not f.contended, _squeezes_low, _squeezes_high,
          signal=("squeezes_on_irq_cpus", False, True)),
-    Rule("squeezes_elsewhere", "the shared CPUs carry less than {squeeze_share_pct} % of all squeezes",
+    Rule("squeezes_elsewhere", "the IRQ CPUs with usr >= {user_pct} % carry less than {squeeze_share_pct} % of all squeezes",
          "inconclusive", lambda f: f.share < f.limits["squeeze_share_pct"], _share_low, _share_high),
     Rule("link_unknown", "the link speed or throughput is unknown", "inconclusive",
          lambda f: f.util is None, _link_unknown),

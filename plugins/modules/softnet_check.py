@@ -75,7 +75,7 @@ options:
     default: 0.5
   squeeze_share_pct:
     description:
-      - Percent of all squeezes (every CPU) that the shared CPUs must carry for V(contention), the
+      - Percent of all squeezes (every CPU) that the IRQ CPUs with usr >= O(user_pct) must carry for V(contention), the
         guide's "CPUs 0-10 show hundreds ... while the rest of the machine shows none". Below it the verdict is
         V(inconclusive).
     type: float
@@ -130,8 +130,8 @@ notes:
     work on the shared CPUs is light)."
   - "5. no such shared CPU squeezes O(squeeze_rate) times per second or more: V(no_contention) (packets do not
     wait)."
-  - "6. the shared CPUs carry less than O(squeeze_share_pct) % of all squeezes: V(inconclusive) (most
-    squeezes are elsewhere)."
+  - "6. the IRQ CPUs with usr >= O(user_pct) % carry less than O(squeeze_share_pct) % of all squeezes:
+    V(inconclusive) (most squeezes are elsewhere)."
   - "7. the link speed or throughput is unknown: V(inconclusive)."
   - "8. the link is at or above O(max_link_util_pct) % of its speed: V(inconclusive) (the link is busy)."
   - "9. none of the above: softirq, user work and squeezes on the same IRQ CPUs: V(contention)."
@@ -231,18 +231,19 @@ irq_cpu_processes:
   description:
     - Whose user work ran on the IRQ CPUs during the window, for each IRQ CPU with usr + nice of 1 % or more.
     - Read from C(/proc/PID/task/TID/stat) just before and just after the window; a thread's C(utime) growth is
-      charged to the CPU it last ran on (exact for a thread bound to one CPU). A thread that started and ended inside
-      the window is not seen, so C(attributed_pct) is the share of the CPU's user ticks the listed threads explain.
+      charged to the CPU it last ran on (exact for a thread bound to one CPU). A process's C(user_pct) is its user
+      time over the window, as mpstat's. A thread that started and ended inside the window is not seen, so
+      C(attributed_pct) is the share of the CPU's usr that the listed processes explain.
     - When an IRQ CPU's usr reaches O(user_pct), the reasons name these processes.
   returned: always
   type: list
   elements: dict
   sample:
-    - cpu: 2
-      user_ticks: 470
-      attributed_pct: 98.3
+    - cpu: 4
+      user_pct: 83.52
+      attributed_pct: 97.5
       processes:
-        - {pid: 814, comm: python3, cgroup: /user.slice/user-1000.slice/session-4.scope, user_ticks: 462, user_share_pct: 98.3}
+        - {pid: 499, comm: python3, cgroup: /gpunode.slice/gpunode-workload.slice/loader-4.service, user_ticks: 814, user_pct: 81.4}
 task_notes:
   description: Why the processes on the IRQ CPUs are unknown or partly unknown (no readable thread, unreadable lines).
   returned: always
@@ -555,7 +556,7 @@ totals:
       type: float
       returned: always
     time_squeeze_shared_share_pct:
-      description: Percent of all squeezes on the shared CPUs (RV(busy_irq_cpus)).
+      description: Percent of all squeezes on the IRQ CPUs that run user work (usr >= O(user_pct)), whatever their softirq.
       type: float
       returned: always
     packets_per_s:

@@ -186,7 +186,7 @@ def test_failed_host_has_no_strip_but_its_error():
 def test_filters_are_registered_and_reject_malformed_input():
     filters = FilterModule().filters()
     assert set(filters) == {"diagnose_collect", "diagnose_markdown", "diagnose_html", "diagnose_summary",
-                            "diagnose_lines"}
+                            "diagnose_lines", "softnet_sampling_result"}
     with pytest.raises(AnsibleFilterError):
         filters["diagnose_collect"](["not", "a", "dict"])
     with pytest.raises(AnsibleFilterError):

@@ -81,17 +81,24 @@ def test_attribute_charges_growth_to_the_last_cpu_and_sees_new_and_reused_thread
     assert [row["pid"] for row in rows][:2] == [10, 10]   # largest user work first
 
 
-def test_on_cpus_gives_shares_cgroups_and_the_unexplained_rest(tmp_path):
+def test_on_cpus_gives_time_shares_cgroups_and_the_unexplained_rest(tmp_path):
     (tmp_path / "10").mkdir()
     (tmp_path / "10" / "cgroup").write_text("0::/gpunode-workload.slice/loader.service\n")
-    rows = [{"pid": 10, "comm": "loader", "cpu": 2, "user_ticks": 60, "system_ticks": 0, "threads": 1},
+    rows = [{"pid": 10, "comm": "loader", "cpu": 2, "user_ticks": 300, "system_ticks": 0, "threads": 1},
             {"pid": 11, "comm": "x", "cpu": 5, "user_ticks": 99, "system_ticks": 0, "threads": 1}]
-    items = on_cpus(rows, [2, 3], {2: 100, 3: 0}, procfs=str(tmp_path))
-    assert items == [{"cpu": 2, "user_ticks": 100, "attributed_pct": 60.0, "processes": [
-        {"pid": 10, "comm": "loader", "cgroup": "/gpunode-workload.slice/loader.service", "user_ticks": 60, "user_share_pct": 60.0}]}]
+    # 10 s at USER_HZ 100: 300 ticks are 30 % of the window; CPU 2's usr was 60 %, CPU 3's 2 % with no thread seen
+    items = on_cpus(rows, {2: 60.0, 3: 2.0}, 10.0, procfs=str(tmp_path), hz=100)
+    assert items == [
+        {"cpu": 2, "user_pct": 60.0, "attributed_pct": 50.0, "processes": [
+            {"pid": 10, "comm": "loader", "cgroup": "/gpunode-workload.slice/loader.service", "user_ticks": 300, "user_pct": 30.0}]},
+        {"cpu": 3, "user_pct": 2.0, "attributed_pct": 0.0, "processes": []}]
     text = describe(items[0])
-    assert text.startswith("CPU 2: loader (pid 10, /gpunode-workload.slice/loader.service) 60.0 %")
-    assert "explain 60.0 % of its user ticks" in text
+    assert text.startswith("CPU 2 (usr 60.0 %): loader (pid 10, /gpunode-workload.slice/loader.service) usr 30.0 %")
+    assert "explain 50.0 % of its usr" in text
+    assert describe(items[1]) == ("CPU 3 (usr 2.0 %): no process seen (these explain 0.0 % of its usr; the rest ran in "
+                                  "threads that ended inside the window)")
+    # a guest that lost ticks: utime (runtime) over the window can exceed usr (ticks): capped at 100
+    assert on_cpus(rows, {2: 20.0}, 10.0, procfs=str(tmp_path), hz=100)[0]["attributed_pct"] == 100.0
     assert read_cgroup(str(tmp_path), 99) is None
 
 
@@ -112,9 +119,10 @@ def test_a_real_busy_process_bound_to_a_cpu_is_found_there():
     assert [row["cpu"] for row in mine] == [cpu]
     # 1.5 s of a busy loop is 150 USER_HZ ticks when it has the CPU alone; this machine is shared, so at least 30
     assert mine[0]["user_ticks"] >= 30, mine
-    item = on_cpus(rows, [cpu], {cpu: mine[0]["user_ticks"]}, procfs="/proc")[0]
-    assert item["processes"][0]["pid"] == child.pid or any(p["pid"] == child.pid for p in item["processes"])
-    assert item["processes"][0]["cgroup"] is None or item["processes"][0]["cgroup"].startswith("/")
+    item = on_cpus(rows, {cpu: 50.0}, 1.5, procfs="/proc")[0]
+    found = [p for p in item["processes"] if p["pid"] == child.pid]
+    assert found and found[0]["user_pct"] >= 20.0, item
+    assert found[0]["cgroup"] is None or found[0]["cgroup"].startswith("/")
 
 
 def test_run_check_names_the_process_behind_the_user_work_on_the_irq_cpus(lab_node):
@@ -138,8 +146,9 @@ def test_run_check_names_the_process_behind_the_user_work_on_the_irq_cpus(lab_no
     assert result["verdict"] == "contention"
     cpu2 = [item for item in result["irq_cpu_processes"] if item["cpu"] == 2][0]
     assert cpu2["processes"][0]["pid"] == 814 and cpu2["processes"][0]["user_ticks"] == 500
+    assert cpu2["processes"][0]["user_pct"] == 50.0      # 500 ticks in the 10 s window
     assert cpu2["processes"][0]["cgroup"] == "/gpunode-workload.slice/gpunode-loop-worker-2.service"
-    assert any(reason.startswith("user work on the IRQ CPUs, by process: CPU 2: python3 (pid 814, "
+    assert any(reason.startswith("user work on the IRQ CPUs, by process: CPU 2 (usr 55.0 %): python3 (pid 814, "
                                  "/gpunode-workload.slice/gpunode-loop-worker-2.service)") for reason in result["reasons"]), result["reasons"]
     # CPU 3 runs user work too, but no thread seen: said so, not invented
     cpu3 = [item for item in result["irq_cpu_processes"] if item["cpu"] == 3][0]

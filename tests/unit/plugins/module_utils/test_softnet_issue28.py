@@ -201,3 +201,19 @@ def test_recorded_pinned_run_gives_the_same_verdict_and_reasons(phase, verdict, 
         # 27 squeezes in 10.03 s on the dedicated IRQ CPU without user work: the packet-rate finding, not contention
         assert result["contended_cpus"] == []
         assert [(f["name"], f["cpus"]) for f in result["findings"]] == [("irq_cpus_saturated", [2])]
+
+
+def test_recorded_2026_12_05_before_run_counts_a_user_busy_irq_cpus_squeezes_as_shared():
+    """CPU 5 runs a worker (usr 81.7 %) and takes queue IRQs; its softirq share sampled at 4.17 %, under 5 %. Its
+    42 squeezes are the same contention as CPU 4's 23, not "elsewhere (another NIC, RPS, IRQs moved)"."""
+    data = json.loads((Path(__file__).resolve().parents[2] / "fixtures" / "softnet_captures" /
+                       "closed_loop_2026-12-05.json").read_text())["before"]
+    assert data["verdict_rule_then"] == "squeezes_elsewhere"
+    result = judge({"elapsed": data["interval"], "cpus": data["cpus"], "link": data["link"]}, data["irq_cpus"])
+    assert result["verdict"] == "contention" and result["verdict_rule"] == "contention", result["reasons"]
+    assert result["busy_irq_cpus"] == [4] and result["contended_cpus"] == [4]
+    assert "the shared CPUs carry 100 % of all squeezes (65 of 65), at or above 50 %" in result["reasons"]
+    # one IRQ CPU without user work taking the other squeezes would still be elsewhere
+    cpus = [dict(row, usr=1.0) if row["cpu"] == 5 else row for row in data["cpus"]]
+    result = judge({"elapsed": data["interval"], "cpus": cpus, "link": data["link"]}, data["irq_cpus"])
+    assert result["verdict_rule"] == "squeezes_elsewhere", result["reasons"]

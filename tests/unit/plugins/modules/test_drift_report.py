@@ -99,3 +99,17 @@ def test_library_changes_of_a_tuned_node_are_one_line_whatever_the_actions():
     assert found["message"].startswith("drift: 2 change(s): ")
     assert found["evidence"] == ["update /etc/gpunode/nic-irq-affinity.json (content differs)",
                                  "3 library files of the collection under /opt/gpunode (remove 1, update 2)"]
+
+
+def test_a_run_that_applied_its_changes_lists_them_as_made_not_as_drift(lab):
+    """The report of tune.yml without --check on a node it tuned: the same plan, made; no fatal finding, no fix.
+    (Before, a run that had just tuned the node said "DRIFT ... not tuned yet ... run tune.yml without --check".)"""
+    res = pin(lab, check=True)
+    found = P.drift_findings({"nic_irq_pinning": role_report(res)}, applied=True)[0]
+    assert found["status"] == "pass" and found["fatal"] is False and not found.get("fix")
+    assert found["message"].startswith("tuned: %d change(s) made: IRQ %s" % (len(found["evidence"]), res["drift"][0]))
+    hosts = P.drift_collect_hosts({"n1": {"reports": {"nic_irq_pinning": role_report(res)}, "error": None}}, applied=True)
+    assert [f["fatal"] for f in hosts["n1"]["findings"]] == [False]
+    # in check mode the same plan stays "not tuned yet", fatal
+    assert P.drift_collect_hosts({"n1": {"reports": {"nic_irq_pinning": role_report(res)}, "error": None}})["n1"][
+        "findings"][0]["fatal"] is True
