@@ -13,6 +13,7 @@ kernel versions and drivers.
 from __future__ import annotations
 
 import os
+import stat
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, parse_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
@@ -48,6 +49,32 @@ def read_raw(path, default=None):
             return handle.read()
     except (OSError, ValueError):
         return default
+
+
+def read_data(path, limit=65536, default=None):
+    """A small file that may have been planted (a captured tree, a directory another user writes): opened with
+    ``O_NOFOLLOW`` (a link is not followed) and ``O_NONBLOCK`` (a FIFO does not hang), and read only when the opened
+    descriptor is a regular file; at most ``limit`` bytes, as text. ``default`` otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError):
+        return default
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return default
+        return os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return default
+    finally:
+        os.close(fd)
+
+
+def real_dir(path):
+    """Whether ``path`` is a directory and not a link to one (``lstat``)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def read_int(path, default=None, base=10):

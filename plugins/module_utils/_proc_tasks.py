@@ -9,7 +9,9 @@ imports. ``/proc/stat`` says how much user work a CPU ran; this says whose.
 
 * ``read_tasks`` reads ``/proc/PID/task/TID/stat`` of every thread (the raw
   lines, under ``procfs``: a captured tree works the same; a thread that ends
-  while it is read is skipped).
+  while it is read is skipped). A captured tree is data: directories that are
+  links are not entered, files are opened without following links and read
+  only when regular (``_fileio.read_data``).
 * ``parse_task_stat`` (pure) reads one line: the command name is the text
   between the first ``(`` and the *last* ``)``, since a name may hold spaces
   and parentheses (proc(5)); after it, field 14 ``utime``, 15 ``stime``, 22
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import read_raw
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import read_data, real_dir
 
 # Field numbers of proc(5), counted from 1; after the ")" of the name, field 3 (state) is index 0.
 UTIME, STIME, STARTTIME, PROCESSOR = 14, 15, 22, 39
@@ -52,8 +54,12 @@ def read_tasks(procfs="/proc"):
     tasks = {}
     for pid in _digits(_listdir(procfs)):
         task_dir = os.path.join(procfs, pid, "task")
+        if not (real_dir(os.path.join(procfs, pid)) and real_dir(task_dir)):
+            continue    # a captured tree is data: a link is never followed
         for tid in _digits(_listdir(task_dir)):
-            text = read_raw(os.path.join(task_dir, tid, "stat"))
+            if not real_dir(os.path.join(task_dir, tid)):
+                continue
+            text = read_data(os.path.join(task_dir, tid, "stat"), limit=4096)
             if text:
                 tasks[(int(pid), int(tid))] = text
     return tasks
@@ -112,7 +118,7 @@ def attribute(first, second):
 
 def read_cgroup(procfs, pid):
     """The process's cgroup v2 path (``0::/system.slice/x.service``), else its first hierarchy's; None if unreadable."""
-    text = read_raw(os.path.join(procfs, str(pid), "cgroup"))
+    text = read_data(os.path.join(procfs, str(pid), "cgroup"), limit=65536) if real_dir(os.path.join(procfs, str(pid))) else None
     if not text:
         return None
     lines = [line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2]

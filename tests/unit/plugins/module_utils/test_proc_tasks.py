@@ -153,3 +153,25 @@ def test_run_check_names_the_process_behind_the_user_work_on_the_irq_cpus(lab_no
     # CPU 3 runs user work too, but no thread seen: said so, not invented
     cpu3 = [item for item in result["irq_cpu_processes"] if item["cpu"] == 3][0]
     assert cpu3["processes"] == [] and cpu3["attributed_pct"] == 0.0
+
+
+def test_a_captured_tree_with_planted_links_and_a_fifo_is_read_as_data(tmp_path):
+    """A captured tree whose thread files are links to files of this machine, a linked process directory, and a FIFO:
+    none is followed or opened for reading (a FIFO would hang a plain open), and the real thread is still read."""
+    secret = tmp_path / "secret"
+    secret.write_text(synthetic_stat(1, "SECRET", 999, processor=0))
+    proc = tmp_path / "proc"
+    (proc / "10" / "task" / "10").mkdir(parents=True)
+    (proc / "10" / "task" / "10" / "stat").write_text(synthetic_stat(10, "real", 5, processor=1))
+    (proc / "11" / "task" / "11").mkdir(parents=True)
+    (proc / "11" / "task" / "11" / "stat").symlink_to(secret)
+    (proc / "12").symlink_to(proc / "10")
+    (proc / "13" / "task" / "13").mkdir(parents=True)
+    os.mkfifo(str(proc / "13" / "task" / "13" / "stat"))
+    (proc / "14" / "task").mkdir(parents=True)
+    (proc / "14" / "task" / "14").symlink_to(proc / "10" / "task" / "10")
+    (proc / "10" / "cgroup").symlink_to(secret)
+    tasks = read_tasks(str(proc))
+    assert list(tasks) == [(10, 10)] and "real" in tasks[(10, 10)]
+    assert read_cgroup(str(proc), 10) is None
+    assert read_cgroup(str(proc), 12) is None
