@@ -548,6 +548,21 @@ def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desi
     warnings = list(result["warnings"])
     if params["verify"] and not module.check_mode:
         check = verify_pins(result, procfs=procfs, sysfs=sysfs, run=run)
+        if check["mismatch"]:
+            # Moved between the write and the read-back. Pin once more and read back again: a one-off mover (a
+            # process that read the old state a moment before) is then said in a warning; a mover that keeps moving
+            # them (irqbalance started again, a second tool) moves them again and the run fails and rolls back.
+            moved = check["mismatch"]
+            try:
+                run_desired_state(desired if (params["irqbalance"] is not None and run is not None) else run_desired,
+                                  check_mode=False, procfs=procfs, sysfs=sysfs, run=run, rps_release=rps_release)
+            except (AffinityError, NicError, TreeError) as exc:
+                check["mismatch"] = moved + ["pinning again failed: %s" % exc]
+            else:
+                check = verify_pins(result, procfs=procfs, sysfs=sysfs, run=run)
+                if not check["mismatch"]:
+                    warnings.append("after pinning, something moved queue IRQs of %s (%s); they were pinned again "
+                                    "and held" % (result["pci_address"], "; ".join(moved)))
         out.update(verified=not check["mismatch"], unchangeable=check["unchangeable"],
                    effective_lagging=check["lagging"])
         if check["mismatch"]:

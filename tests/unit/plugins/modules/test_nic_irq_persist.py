@@ -19,6 +19,8 @@ import sys
 
 import pytest
 
+from ansible.module_utils import basic
+
 import modharness
 import treegen
 from modharness import Exit, Fail
@@ -554,9 +556,9 @@ def test_a_failed_read_back_puts_back_files_units_and_pins(lab, systemd, monkeyp
     real = _irq_affinity.apply_plan
     moved = []
 
-    def apply_then_someone_moves_one(plan, **kw):
+    def apply_then_someone_moves_one(plan, **kw):     # every time: the pinning again is undone too
         out = real(plan, **kw)
-        irq = [i.irq for i in plan.items if i.status == "changed"][0]
+        irq = ([i.irq for i in plan.items if i.status == "changed"] or moved)[0]
         lab.set_affinity(irq, [0])
         moved.append(irq)
         return out
@@ -570,6 +572,31 @@ def test_a_failed_read_back_puts_back_files_units_and_pins(lab, systemd, monkeyp
     assert snapshot(lab.root) == files
     assert lab.all_affinities() == pins and moved
     assert unit_states(systemd) == []
+
+
+def test_a_pin_moved_once_after_the_write_is_pinned_again_and_said(lab, systemd, monkeypatch):
+    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_affinity
+    real = _irq_affinity.apply_plan
+    moved = []
+
+    def apply_then_someone_moves_one_once(plan, **kw):
+        out = real(plan, **kw)
+        if not moved:
+            irq = [i.irq for i in plan.items if i.status == "changed"][0]
+            lab.set_affinity(irq, [0])
+            moved.append(irq)
+        return out
+
+    monkeypatch.setattr(_irq_affinity, "apply_plan", apply_then_someone_moves_one_once)
+    warned = []
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, text: warned.append(text))
+    kind, res = run(args(lab))
+    assert kind is Exit and res["verified"] is True and res["changed"] is True, res
+    planned = dict((i["irq"], i["after"]) for i in res["irqs"])
+    assert moved and lab.all_affinities()[moved[0]] == planned[moved[0]] != "0"
+    assert [w for w in warned if "something moved queue IRQs" in w and "%d " % moved[0] in w], res
+    kind, res = run(args(lab))                                # and it is converged: nothing to do on the next run
+    assert kind is Exit and res["changed"] is False and res["verified"] is True, res
 
 
 def test_a_timer_the_run_disabled_is_enabled_and_started_again(lab, systemd):
