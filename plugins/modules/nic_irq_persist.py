@@ -495,16 +495,16 @@ def _present(module, params, procfs, sysfs, run):
 
 def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desired, files, actions, settings, root,
                      irqbalance_result, rps_release=None):
+    # irqbalance (when this run handles it) is stopped or bans these CPUs by now: pin with the stored setting,
+    # so a disabled irqbalance that is still running is refused, not raced.
+    # (On a captured tree no systemctl ran, so the tree's irqbalance still looks as it was: plan as for check mode.)
+    pin_desired = desired if (params["irqbalance"] is not None and run is not None) else run_desired
     if module.check_mode or not (plan["changed"] or (irqbalance_result or {}).get("changed")):
         # Nothing to pin and irqbalance as it was: the plan is the outcome (the read-back below still reads the IRQs).
         result = plan
     else:
-        # irqbalance (when this run handles it) is stopped or bans these CPUs by now: pin with the stored setting,
-        # so a disabled irqbalance that is still running is refused, not raced.
-        # (On a captured tree no systemctl ran, so the tree's irqbalance still looks as it was: plan as for check mode.)
-        handled_live = params["irqbalance"] is not None and run is not None
-        result = run_desired_state(desired if handled_live else run_desired, check_mode=False, procfs=procfs,
-                                   sysfs=sysfs, run=run, rps_release=rps_release)
+        result = run_desired_state(pin_desired, check_mode=False, procfs=procfs, sysfs=sysfs, run=run,
+                                   rps_release=rps_release)
     systemd = Systemd(module, run is not None, module.check_mode)
     changed_files = [a for a in actions if a["action"] != "unchanged"]
     undo_files = None
@@ -554,8 +554,8 @@ def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desi
             # them (irqbalance started again, a second tool) moves them again and the run fails and rolls back.
             moved = check["mismatch"]
             try:
-                run_desired_state(desired if (params["irqbalance"] is not None and run is not None) else run_desired,
-                                  check_mode=False, procfs=procfs, sysfs=sysfs, run=run, rps_release=rps_release)
+                run_desired_state(pin_desired, check_mode=False, procfs=procfs, sysfs=sysfs, run=run,
+                                  rps_release=rps_release)
             except (AffinityError, NicError, TreeError) as exc:
                 check["mismatch"] = moved + ["pinning again failed: %s" % exc]
             else:
