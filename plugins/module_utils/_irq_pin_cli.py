@@ -32,12 +32,19 @@ such a NIC the run waits (bounded by ``--wait``) for the IRQs to appear; if
 the interface is still closed it says so and exits 0, because the network
 stack's if-up hook (installed by the role) runs it again when the interface
 comes up.
+
+A restart or stop (SIGTERM: the udev rule and the if-up hook use ``systemctl
+restart`` so that an event during a run gets a run of its own after it) never
+cuts a pass of pins in half: the pass in progress is finished and printed, a
+wait for the NIC or its IRQs ends at once, and the run exits 0 for systemd to
+start the next one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -89,13 +96,37 @@ def unopened_vectors(state, procfs, sysfs, run):
     return [e["irq"] for e in nic["irqs"] if not os.path.isdir(os.path.join(procfs, "irq", str(e["irq"])))]
 
 
+class _StopRequest(object):
+    """SIGTERM noted, not obeyed at once: the pass of pins in progress finishes first."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = None
+
+    def __call__(self, _signum, _frame):
+        self.requested = True
+
+    def __enter__(self):
+        try:
+            self.previous = signal.signal(signal.SIGTERM, self)
+        except ValueError:              # not the main thread: nothing to defer
+            self.previous = None
+        return self
+
+    def __exit__(self, *_exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
 def main(argv=None, run=None, out=None, sleep=time.sleep, clock=time.monotonic):
-    args = list(sys.argv[1:] if argv is None else argv)
-    out = out or sys.stdout
-    check = False
-    quiet = False
-    wait = 5.0
-    path = DEFAULT_STATE
+    with _StopRequest() as stop:
+        return _main(argv, run, out or sys.stdout, sleep, clock, stop)
+
+
+def _parse(args, out):
+    """(check, quiet, wait, path) or None after a usage line."""
+    check, quiet, wait, path = False, False, 5.0, DEFAULT_STATE
     while args:
         arg = args.pop(0)
         if arg == "--check":
@@ -107,12 +138,20 @@ def main(argv=None, run=None, out=None, sleep=time.sleep, clock=time.monotonic):
                 wait = min(30.0, max(0.0, float(args.pop(0))))
             except ValueError:
                 out.write("usage: --wait takes seconds\n")
-                return 2
+                return None
         elif arg.startswith("-"):
             out.write("usage: _irq_pin_cli [--check] [--quiet] [--wait SECONDS] [STATE.json]\n")
-            return 2
+            return None
         else:
             path = arg
+    return check, quiet, wait, path
+
+
+def _main(argv, run, out, sleep, clock, stop):
+    parsed = _parse(list(sys.argv[1:] if argv is None else argv), out)
+    if parsed is None:
+        return 2
+    check, quiet, wait, path = parsed
     try:
         with open(path) as handle:
             states = json.load(handle)
@@ -125,47 +164,55 @@ def main(argv=None, run=None, out=None, sleep=time.sleep, clock=time.monotonic):
         out.write("desired state %s must be a JSON object or a list of objects\n" % path)
         return 1
     status = 0
-    for state in states:
-        state = dict(state)
-        procfs = state.pop("procfs_path", "/proc")
-        sysfs = state.pop("sysfs_path", "/sys")
-        runner = run if run is not None else (subprocess_run if procfs == "/proc" else None)
-        deadline = clock() + wait
-        while True:
-            try:
-                result = run_desired_state(state, check_mode=check, procfs=procfs, sysfs=sysfs, run=runner)
-            except TreeError as exc:
-                # roots missing, not one system, or a /proc file out of layout: waiting will not fix it
-                out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
-                status = 1
-                break
-            except NicError as exc:
-                if clock() < deadline:
-                    sleep(0.5)
-                    continue
-                out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
-                status = 1
-                break
-            except AffinityError as exc:
-                unopened = unopened_vectors(state, procfs, sysfs, runner)
-                if unopened and clock() < deadline:
-                    sleep(0.5)
-                    continue
-                if unopened:
-                    out.write("%s: %d MSI vectors allocated (%s) but no IRQs requested yet: the interface has not been "
-                              "opened; its pins are applied when it comes up (if-up hook)\n"
-                              % (state.get("pci_address") or state.get("interface") or "NIC", len(unopened),
-                                 ",".join(str(n) for n in unopened)))
-                    break
-                out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
-                status = 1
-                break
-            if not (quiet and not result["changed"]):
-                for line in _summary(result, check):
-                    out.write(line + "\n")
+    for number, state in enumerate(states, 1):
+        status = max(status, _apply(dict(state), check, quiet, clock() + wait, run, out, sleep, clock, stop))
+        if hasattr(out, "flush"):
+            out.flush()
+        if stop.requested:
+            out.write("stop requested (SIGTERM): the pass in progress was finished; %d desired state(s) not applied "
+                      "by this run\n" % (len(states) - number))
             break
     return status
 
+
+def _apply(state, check, quiet, deadline, run, out, sleep, clock, stop):
+    """Apply one desired state, waiting until ``deadline`` for the NIC and its IRQs; 0 or 1."""
+    procfs = state.pop("procfs_path", "/proc")
+    sysfs = state.pop("sysfs_path", "/sys")
+    runner = run if run is not None else (subprocess_run if procfs == "/proc" else None)
+    while True:
+        try:
+            result = run_desired_state(state, check_mode=check, procfs=procfs, sysfs=sysfs, run=runner)
+        except TreeError as exc:
+            # roots missing, not one system, or a /proc file out of layout: waiting will not fix it
+            out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
+            return 1
+        except NicError as exc:
+            if stop.requested:
+                out.write("stop requested (SIGTERM) while waiting for the NIC: %s\n" % exc)
+                return 0
+            if clock() < deadline:
+                sleep(0.5)
+                continue
+            out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
+            return 1
+        except AffinityError as exc:
+            unopened = unopened_vectors(state, procfs, sysfs, runner)
+            if unopened and clock() < deadline and not stop.requested:
+                sleep(0.5)
+                continue
+            if unopened:
+                out.write("%s: %d MSI vectors allocated (%s) but no IRQs requested yet: the interface has not been "
+                          "opened; its pins are applied when it comes up (if-up hook)\n"
+                          % (state.get("pci_address") or state.get("interface") or "NIC", len(unopened),
+                             ",".join(str(n) for n in unopened)))
+                return 0
+            out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
+            return 1
+        if not (quiet and not result["changed"]):
+            for line in _summary(result, check):
+                out.write(line + "\n")
+        return 0
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -145,6 +145,10 @@ def boot_unit(pci, entry, state_file, timeout, interval):
         + "# Waits (bounded) for IRQs that the driver requests when the interface opens.\n"
         + "ExecStart=%s --wait 20 %s\n" % (entry, state_file)
         + "TimeoutStartSec=%d\n" % timeout
+        + "# A restart (udev rule, if-up hook) or stop ends a wait at once but lets the pass\n"
+        + "# of pins in progress finish: SIGTERM is noted, never a half-pinned NIC. Only the\n"
+        + "# main process gets it (mixed): an ethtool it runs is not killed under it.\n"
+        + "KillMode=mixed\nTimeoutStopSec=%d\n" % timeout
         + "StandardOutput=journal\nStandardError=journal\nSyslogIdentifier=gpunode-nic-irq-pin\n\n"
         + "[Install]\nWantedBy=multi-user.target\n"
     )
@@ -163,6 +167,7 @@ def recheck_unit(pci, entry, state_file, timeout):
         + "[Service]\nType=oneshot\n"
         + "ExecStart=%s --quiet %s\n" % (entry, state_file)
         + "TimeoutStartSec=%d\n" % timeout
+        + "KillMode=mixed\nTimeoutStopSec=%d\n" % timeout
         + "StandardOutput=journal\nStandardError=journal\nSyslogIdentifier=gpunode-nic-irq-pin\n"
         + "SyslogLevel=notice\nLogLevelMax=notice\n"
     )

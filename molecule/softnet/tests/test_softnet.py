@@ -21,12 +21,16 @@
 
 Agreement with mpstat: mpstat runs in the guest at 1-second intervals, each line stamped with the guest's
 clock as it is printed; the seconds that lie wholly inside the module's window [window.start, window.end] are
-averaged (each CPU-second holds the same 100 USER_HZ ticks, so the mean of mpstat's per-second shares is the
-share over those seconds). The two measurements then differ only in the part of the window those whole seconds
-do not cover (under 1 s at each end), where a CPU's share can be anything from 0 to 100 %, plus one tick of
-rounding. So the bound per CPU and field is uncovered_fraction * 100 + 1 point, computed from each run's own
-instants (about 4-8 points for a 15 s window); the old +-12 points over windows offset by Ansible's start-up
-bounded nothing.
+taken. A second does not hold the same number of USER_HZ ticks on a TCG guest: under the flood a vCPU loses
+ticks (one run had CPU 4 at soft 91.2 % over the window and a plain mean of mpstat's seconds at 94.2 %, the
+seconds with the most softirq having the fewest ticks). So each of mpstat's per-second shares is weighted by the
+ticks of that CPU in that second: the shell that stamps mpstat's lines reads /proc/stat (builtins only, no
+fork) as mpstat prints each interval's "all" line, and the difference of two such reads is that interval's
+ticks. The weighted mean is then the share over those seconds, as the module computes it (a ratio of sums).
+The bound per CPU and field: the module's ticks that no whole second covers (at each end of the window, where
+the share can be anything from 0 to 100 %), plus one point for rounding, plus what a skew of up to 2 ticks
+between mpstat's read and the shell's at each boundary can move the weighted mean, all computed from each run's
+own numbers (about 5-8 points for a 15 s window).
 
 The guest-side readers below are independent of the collection's code.
 """
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -90,6 +95,23 @@ for line in open("/proc/net/softnet_stat"):
     f = line.split()
     out[int(f[12], 16)] = [int(f[0], 16), int(f[1], 16), int(f[2], 16)]
 print(json.dumps(out))
+"""
+
+# Reads mpstat's lines on stdin and prints each with bash's clock; on an interval's "all" line it first prints
+# "<clock> STAT cpu:ticks ...", every CPU's user+nice+system+idle+iowait+irq+softirq+steal from /proc/stat.
+# Builtins only (read, arithmetic, echo): no fork per line under the flood.
+STAMP = r"""
+while IFS= read -r l; do
+    case "$l" in
+        *" all "*)
+            s="$EPOCHREALTIME STAT"
+            while read -r c a b d e f g h i rest; do
+                case "$c" in cpu[0-9]*) s="$s ${c#cpu}:$((a + b + d + e + f + g + h + i))" ;; esac
+            done < /proc/stat
+            echo "$s" ;;
+    esac
+    echo "$EPOCHREALTIME $l"
+done
 """
 
 # Every MSI IRQ of the data NIC with its name and effective affinity.
@@ -164,15 +186,24 @@ def window(**options):
         # One line per CPU per second, stamped with the guest's clock when mpstat printed it (the end of
         # that second). Stopped (pkill) once the module has returned.
         # stdbuf: line-buffered even into a pipe; $EPOCHREALTIME: bash's clock, no fork per line (a `date` per
-        # line fell seconds behind under the flood).
-        out = ssh("S_TIME_FORMAT=ISO LC_ALL=C stdbuf -oL mpstat -P ALL 1 600 | "
-                  "bash -c 'while IFS= read -r l; do echo \"$EPOCHREALTIME $l\"; done'", check=False, timeout=900).stdout
-        rows = {}
+        # line fell seconds behind under the flood). On each "all" line (the first of an interval) the shell
+        # reads /proc/stat and prints every CPU's tick total (user..steal, mpstat's own denominator).
+        out = ssh("S_TIME_FORMAT=ISO LC_ALL=C stdbuf -oL mpstat -P ALL 1 600 | bash -c %s" % shlex.quote(STAMP),
+                  check=False, timeout=900).stdout
+        rows, totals = {}, []
         for line in out.splitlines():
             f = line.split()
-            if len(f) == 13 and f[2].isdigit():
+            if len(f) >= 2 and f[1] == "STAT":
+                totals.append((float(f[0]), dict((int(c), int(t)) for c, t in (x.split(":") for x in f[2:]))))
+            elif len(f) == 13 and f[2].isdigit():
                 rows.setdefault(int(f[2]), []).append(
                     {"t": float(f[0]), "usr": float(f[3]), "soft": float(f[8]), "idle": float(f[12])})
+        # each row's ticks: the /proc/stat read at its interval's end minus the one at its start
+        for cpu, series in rows.items():
+            for row in series:
+                ends = [t for t in totals if t[0] <= row["t"]]
+                if len(ends) >= 2 and cpu in ends[-1][1] and cpu in ends[-2][1]:
+                    row["ticks"] = ends[-1][1][cpu] - ends[-2][1][cpu]
         results["mpstat"] = rows
 
     threads = [threading.Thread(target=reader), threading.Thread(target=mpstat)]
@@ -188,21 +219,27 @@ def window(**options):
     return results
 
 
-def mpstat_in_window(results, cpu, key):
-    """(mean, tolerance, seconds) of mpstat's per-second ``key`` over the module's window (see the docstring)."""
+def mpstat_in_window(results, cpu, key, module_ticks):
+    """(weighted mean, tolerance, seconds) of mpstat's per-second ``key`` over the module's window, each second
+    weighted by its ticks (see the docstring)."""
     start, end = results["module"]["window"]["start"], results["module"]["window"]["end"]
-    inside = [r[key] for r in results["mpstat"].get(cpu, []) if r["t"] - 1.0 >= start - 0.05 and r["t"] <= end + 0.05]
+    inside = [r for r in results["mpstat"].get(cpu, []) if r["t"] - 1.0 >= start - 0.05 and r["t"] <= end + 0.05]
     assert len(inside) >= INTERVAL - 3, "mpstat covered only %d s of the %d s window" % (len(inside), INTERVAL)
-    uncovered = max(0.0, (end - start) - len(inside)) / (end - start)
-    return sum(inside) / len(inside), uncovered * 100.0 + 1.0, len(inside)
+    assert all("ticks" in r and r["ticks"] > 0 for r in inside), ("seconds without a /proc/stat read", inside)
+    weight = sum(r["ticks"] for r in inside)
+    mean = sum(r[key] * r["ticks"] for r in inside) / weight
+    uncovered = max(0, module_ticks - weight) / module_ticks
+    skew = 2 * (sum(abs(a[key] - b[key]) for a, b in zip(inside, inside[1:])) + 2 * 100.0) / weight
+    return mean, uncovered * 100.0 + 1.0 + skew, len(inside)
 
 
 def assert_agrees_with_mpstat(results, rows, cpus, keys):
     for cpu in cpus:
         for key in keys:
-            mean, tol, seconds = mpstat_in_window(results, cpu, key)
+            mean, tol, seconds = mpstat_in_window(results, cpu, key, rows[cpu]["ticks"])
             assert abs(rows[cpu][key] - mean) <= tol, (
-                "cpu %d %s: module %.2f, mpstat %.2f over %d s, tolerance %.2f" % (cpu, key, rows[cpu][key], mean, seconds, tol))
+                "cpu %d %s: module %.2f, mpstat %.2f (tick-weighted) over %d s, tolerance %.2f"
+                % (cpu, key, rows[cpu][key], mean, seconds, tol))
 
 
 def by_cpu(result):
@@ -354,7 +391,8 @@ def test_flood_on_an_irq_cpu_gives_real_squeezes_that_agree_with_the_guest_and_i
         assert 4 not in (saturated[0]["cpus"] if saturated else []), (rate, result["findings"])
     print(json.dumps({"verdict": result["verdict"], "rule": result.get("verdict_rule"), "reasons": result["reasons"],
                       "cpu4": rows[4], "probe4": probe[4],
-                      "mpstat4": [mpstat_in_window(results, 4, k) for k in ("usr", "soft", "idle")]}, indent=1))
+                      "mpstat4": [mpstat_in_window(results, 4, k, rows[4]["ticks"]) for k in ("usr", "soft", "idle")],
+                      "ticks4": [r.get("ticks") for r in results["mpstat"].get(4, [])]}, indent=1))
 
 
 def run_module(name, **options):

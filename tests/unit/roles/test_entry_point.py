@@ -15,9 +15,12 @@ or if the entry point cannot import the installed copy.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -152,3 +155,72 @@ def test_irqs_that_appear_while_waiting_are_pinned_in_the_same_run(lab):
     assert opened, "the run did not wait for the IRQs"
     queue = {int(i): tree.affinity(i) for i in tree.irqs("enp66s1")[1:]}
     assert sorted(set(queue.values())) == ["4", "5", "6", "7"], (queue, lines)
+
+
+def _catches_sigterm(pid):
+    """True once the process has a SIGTERM handler (SigCgt bit 15 in /proc/PID/status)."""
+    try:
+        with open("/proc/%d/status" % pid) as handle:
+            for line in handle:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    except OSError:
+        pass
+    return False
+
+
+def test_sigterm_while_waiting_for_the_interface_ends_the_wait_at_once_and_is_not_a_failure(installed, lab):
+    """``systemctl restart`` from the udev rule or the if-up hook stops a run that is waiting:
+    the wait ends now (the next run starts right after), nothing is written, exit 0."""
+    tree, state = lab
+    _close_interface(tree, tree.irqs("enp66s1"))
+    before = tree.all_affinities()
+    proc = subprocess.Popen([sys.executable, "-I", str(installed), "--wait", "30", str(state)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        deadline = time.monotonic() + 30
+        while not _catches_sigterm(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _catches_sigterm(proc.pid), "the entry point never installed its SIGTERM handler"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=25)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+    assert time.monotonic() - sent < 25, "the wait went on after SIGTERM"
+    assert "stop requested (SIGTERM)" in out and "no IRQs requested yet" in out, out
+    assert tree.all_affinities() == before
+
+
+def test_sigterm_during_a_pass_finishes_every_pin_of_it_then_stops(lab):
+    """A restart never leaves half the queues pinned: the signal that arrives while the pass
+    reads the NIC is noted, the pass writes every pin and prints them, and the run stops after it."""
+    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_pin_cli
+
+    tree, state = lab
+    data = json.loads(state.read_text())
+    state.write_text(json.dumps([data, dict(data, count=2)]))     # a second state: not applied after the stop
+    sent = []
+
+    def run(argv, *args, **kwargs):
+        if not sent:
+            os.kill(os.getpid(), signal.SIGTERM)                   # what systemctl restart sends, mid-pass
+            sent.append(argv)
+        return tree.run(argv, *args, **kwargs)
+
+    lines = []
+
+    class Out(object):
+        def write(self, text):
+            lines.append(text)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    assert _irq_pin_cli.main([str(state)], run=run, out=Out(), sleep=lambda _s: None) == 0, lines
+    assert sent, "the pass never ran a command: the signal was not sent mid-pass"
+    assert signal.getsignal(signal.SIGTERM) is previous              # the handler is the run's only
+    queue = {int(i): tree.affinity(i) for i in tree.irqs("enp66s1")[1:]}
+    assert sorted(set(queue.values())) == ["4", "5", "6", "7"], (queue, lines)
+    text = "".join(lines)
+    assert "(changed)" in text and "1 desired state(s) not applied" in text, text
