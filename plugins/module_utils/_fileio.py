@@ -12,8 +12,10 @@ kernel versions and drivers.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
+import time
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, parse_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
@@ -236,3 +238,64 @@ def check_roots(procfs, sysfs, write=False):
                 option="procfs_path", value={"procfs_path": procfs, "sysfs_path": sysfs},
                 expected="/proc and /sys, or T/proc and T/sys of one tree",
             )
+
+
+class LockError(DetailedError):
+    """An ``exclusive_lock`` that could not be taken: its file cannot be opened (a link planted there, no
+    permission) or another holder kept it past the wait."""
+
+
+class exclusive_lock(object):
+    """``flock(LOCK_EX)`` on ``path`` (created 0600, never through a link), waited for at most ``wait`` seconds.
+
+    The NIC IRQ pins are written by two programs: the nic_irq_persist module (pins, state file, read-back) and the
+    boot/udev/if-up/re-check entry point (state file, pins). Holding one lock across each one's pass means neither
+    reads the other's half-written pins or applies a state file that the other is replacing. ``stop`` (a callable)
+    ends the wait early (SIGTERM noted by the entry point). Raises ``LockError`` naming the path. ``path`` None
+    takes no lock (check mode: creating the lock file would be a change). The file is left in place on release:
+    removing it would let a later run lock a new file while an earlier one still holds the old.
+    """
+
+    def __init__(self, path, wait, sleep=None, clock=None, stop=None):
+        self.path, self.wait, self.fd = path, wait, None
+        self.sleep, self.clock = sleep or time.sleep, clock or time.monotonic
+        self.stop = stop or (lambda: False)
+
+    def __enter__(self):
+        if self.path is None:
+            return self
+        parent = os.path.dirname(self.path)
+        try:
+            if parent and not os.path.isdir(parent):
+                os.makedirs(parent, 0o755)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise LockError("cannot open the lock %s: %s" % (self.path, exc.strerror or exc), path=self.path,
+                            expected="a regular file that root can create or open, not a link")
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            os.close(self.fd)
+            self.fd = None
+            raise LockError("the lock %s is not a regular file" % self.path, path=self.path,
+                            expected="a regular file that root can create or open, not a link")
+        deadline = None
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if deadline is None:        # the clock is read only when the lock is busy
+                    deadline = self.clock() + self.wait
+                stopped = self.stop()
+                if stopped or self.clock() >= deadline:
+                    os.close(self.fd)
+                    self.fd = None
+                    raise LockError("another run holds the lock %s (%s)" % (
+                        self.path, "the wait was stopped" if stopped else "waited %.0f s" % self.wait),
+                        path=self.path, stopped=bool(stopped))
+                self.sleep(0.1)
+
+    def __exit__(self, *_exc):
+        if self.fd is not None:
+            os.close(self.fd)          # closing the descriptor releases the flock
+            self.fd = None
+        return False

@@ -42,7 +42,8 @@ import tempfile
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import CpuListError, format_cpulist, parse_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import check_roots, join, read_raw, read_text
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import (
+    check_roots, exclusive_lock, join, read_raw, read_text)
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import read_irqbalance
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import (
     SELECTOR_KEYS, NicError, read_irq_state, read_nic, require_named_nic, select_interface)
@@ -57,6 +58,10 @@ MANAGED_ERRNOS = (errno.EIO, errno.EPERM)
 # numbers and their managed state are valid for one boot, and /run is emptied
 # at every boot.
 REFUSALS_FILE = "run/gpunode/irq-affinity-refused.json"
+# One pass of pins at a time, under the system root: the nic_irq_persist module holds it across its pins, state
+# file and read-back; the boot/udev/if-up/re-check entry point across each pass (see _fileio.exclusive_lock).
+PIN_LOCK = "run/gpunode/nic-irq-pin.lock"
+PIN_LOCK_WAIT = 25.0
 
 
 class AffinityError(DetailedError):
@@ -496,6 +501,13 @@ def root_of(procfs):
     """The system root that holds ``procfs``: "/" for /proc, else the tree's root."""
     path = os.path.normpath(procfs)
     return "/" if path == "/proc" else os.path.dirname(path)
+
+
+def pin_lock(procfs, take=True, wait=None, stop=None, sleep=None, clock=None):
+    """The exclusive lock of the system that holds ``procfs`` for one pass of NIC IRQ pins (:data:`PIN_LOCK`);
+    with ``take`` false (check mode) a lock that takes nothing."""
+    path = join(root_of(procfs), PIN_LOCK) if take else None
+    return exclusive_lock(path, PIN_LOCK_WAIT if wait is None else wait, sleep=sleep, clock=clock, stop=stop)
 
 
 def _rps_error(exc):

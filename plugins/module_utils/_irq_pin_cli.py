@@ -35,9 +35,16 @@ comes up.
 
 A restart or stop (SIGTERM: the udev rule and the if-up hook use ``systemctl
 restart`` so that an event during a run gets a run of its own after it) never
-cuts a pass of pins in half: the pass in progress is finished and printed, a
-wait for the NIC or its IRQs ends at once, and the run exits 0 for systemd to
-start the next one.
+cuts a pass of pins in half: the pass in progress (every state of the file) is
+finished and printed, a wait for the NIC, its IRQs or the lock ends at once,
+and the run exits 0 for systemd to start the next one.
+
+Each pass holds the system's pin lock (``/run/gpunode/nic-irq-pin.lock``, the
+one the nic_irq_persist module holds across its pins, state file and
+read-back), waiting for it at most 25 s, and reads the state file under it: a
+re-check that starts while Ansible re-pins applies the state file Ansible
+wrote, not the one it replaces. The waits for the NIC happen between passes,
+without the lock. A ``--check`` run takes no lock.
 """
 
 from __future__ import annotations
@@ -49,8 +56,9 @@ import subprocess
 import sys
 import time
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import ALLOWED_COMMANDS, TreeError
-from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import AffinityError, run_desired_state
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import ALLOWED_COMMANDS, LockError, TreeError
+from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
+    AffinityError, pin_lock, run_desired_state)
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_KEYS, NicError, read_nic
 
 DEFAULT_STATE = "/etc/gpunode/nic-irq-affinity.json"
@@ -147,72 +155,105 @@ def _parse(args, out):
     return check, quiet, wait, path
 
 
+def _read_states(path):
+    """The desired states in ``path`` (a list), or a message saying why not."""
+    try:
+        with open(path) as handle:
+            states = json.load(handle)
+    except (OSError, ValueError) as exc:
+        return "cannot read desired state %s: %s" % (path, exc)
+    if isinstance(states, dict):
+        states = [states]
+    if not isinstance(states, list) or not all(isinstance(s, dict) for s in states):
+        return "desired state %s must be a JSON object or a list of objects" % path
+    if len(set(s.get("procfs_path", "/proc") for s in states)) > 1:
+        return "desired state %s: every state of one file must have the same procfs_path (one system, one lock)" % path
+    return states
+
+
 def _main(argv, run, out, sleep, clock, stop):
     parsed = _parse(list(sys.argv[1:] if argv is None else argv), out)
     if parsed is None:
         return 2
     check, quiet, wait, path = parsed
-    try:
-        with open(path) as handle:
-            states = json.load(handle)
-    except (OSError, ValueError) as exc:
-        out.write("cannot read desired state %s: %s\n" % (path, exc))
+    states = _read_states(path)
+    if not isinstance(states, list):
+        out.write(states + "\n")
         return 1
-    if isinstance(states, dict):
-        states = [states]
-    if not isinstance(states, list) or not all(isinstance(s, dict) for s in states):
-        out.write("desired state %s must be a JSON object or a list of objects\n" % path)
-        return 1
-    status = 0
-    for number, state in enumerate(states, 1):
-        status = max(status, _apply(dict(state), check, quiet, clock() + wait, run, out, sleep, clock, stop))
+    procfs = states[0].get("procfs_path", "/proc") if states else "/proc"
+    deadline = clock() + wait
+    pending, status = list(range(len(states))), 0
+    while pending:
+        # One pass: every state still to apply, under the pin lock, from the state file as it is now (re-read
+        # under the lock: a file that Ansible replaced while this run waited is the one applied).
+        try:
+            with pin_lock(procfs, take=not check, stop=lambda: stop.requested, sleep=sleep, clock=clock):
+                states = _read_states(path)
+                if not isinstance(states, list):
+                    out.write(states + "\n")
+                    return 1
+                final = clock() >= deadline or stop.requested
+                retry = []
+                for index in pending:
+                    if index < len(states):
+                        done = _attempt(dict(states[index]), check, quiet, final, stop.requested, run, out)
+                        if done is None:
+                            retry.append(index)
+                        else:
+                            status = max(status, done)
+        except LockError as exc:
+            if stop.requested:
+                out.write("stop requested (SIGTERM) while waiting for the lock %s\n" % exc.details["path"])
+                return status
+            out.write("error: %s\n" % exc)
+            return 1
         if hasattr(out, "flush"):
             out.flush()
-        if stop.requested:
-            out.write("stop requested (SIGTERM): the pass in progress was finished; %d desired state(s) not applied "
-                      "by this run\n" % (len(states) - number))
-            break
+        pending = retry
+        if pending:
+            sleep(0.5)
+    if stop.requested:
+        out.write("stop requested (SIGTERM): the pass in progress was finished\n")
     return status
 
 
-def _apply(state, check, quiet, deadline, run, out, sleep, clock, stop):
-    """Apply one desired state, waiting until ``deadline`` for the NIC and its IRQs; 0 or 1."""
+def _attempt(state, check, quiet, final, stopping, run, out):
+    """Apply one desired state once: 0 or 1 when done (printed), None to try again (the NIC or its IRQs are
+    not there yet and this is not the ``final`` attempt)."""
     procfs = state.pop("procfs_path", "/proc")
     sysfs = state.pop("sysfs_path", "/sys")
     runner = run if run is not None else (subprocess_run if procfs == "/proc" else None)
-    while True:
-        try:
-            result = run_desired_state(state, check_mode=check, procfs=procfs, sysfs=sysfs, run=runner)
-        except TreeError as exc:
-            # roots missing, not one system, or a /proc file out of layout: waiting will not fix it
-            out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
-            return 1
-        except NicError as exc:
-            if stop.requested:
-                out.write("stop requested (SIGTERM) while waiting for the NIC: %s\n" % exc)
-                return 0
-            if clock() < deadline:
-                sleep(0.5)
-                continue
-            out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
-            return 1
-        except AffinityError as exc:
-            unopened = unopened_vectors(state, procfs, sysfs, runner)
-            if unopened and clock() < deadline and not stop.requested:
-                sleep(0.5)
-                continue
-            if unopened:
-                out.write("%s: %d MSI vectors allocated (%s) but no IRQs requested yet: the interface has not been "
-                          "opened; its pins are applied when it comes up (if-up hook)\n"
-                          % (state.get("pci_address") or state.get("interface") or "NIC", len(unopened),
-                             ",".join(str(n) for n in unopened)))
-                return 0
-            out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
-            return 1
-        if not (quiet and not result["changed"]):
-            for line in _summary(result, check):
-                out.write(line + "\n")
-        return 0
+    try:
+        result = run_desired_state(state, check_mode=check, procfs=procfs, sysfs=sysfs, run=runner)
+    except TreeError as exc:
+        # roots missing, not one system, or a /proc file out of layout: waiting will not fix it
+        out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
+        return 1
+    except NicError as exc:
+        if stopping:
+            out.write("stop requested (SIGTERM) while waiting for the NIC: %s\n" % exc)
+            return 0
+        if not final:
+            return None
+        out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
+        return 1
+    except AffinityError as exc:
+        unopened = unopened_vectors(state, procfs, sysfs, runner)
+        if unopened and not final:
+            return None
+        if unopened:
+            out.write("%s: %d MSI vectors allocated (%s) but no IRQs requested yet: the interface has not been "
+                      "opened; its pins are applied when it comes up (if-up hook)\n"
+                      % (state.get("pci_address") or state.get("interface") or "NIC", len(unopened),
+                         ",".join(str(n) for n in unopened)))
+            return 0
+        out.write("error: %s %s\n" % (exc, json.dumps(exc.details, default=str)))
+        return 1
+    if not (quiet and not result["changed"]):
+        for line in _summary(result, check):
+            out.write(line + "\n")
+    return 0
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -291,10 +291,10 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, exit_with, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import LockError, TreeError, exit_with, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
-    DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, release_rps, restore_pins, restore_rps_masks, root_of, run_desired_state,
-    stored_desired_state, verify_pins)
+    DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, pin_lock, release_rps, restore_pins, restore_rps_masks, root_of,
+    run_desired_state, stored_desired_state, verify_pins)
 # Imported so that AnsiballZ ships the entry point's whole import closure, which is installed from this payload.
 from ansible_collections.gpunode.tuning.plugins.module_utils._irq_pin_cli import main as _entry_point_main  # noqa: F401
 from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state import SETTINGS_SPEC, StateError, finish, os_family, prepare
@@ -478,18 +478,21 @@ def _present(module, params, procfs, sysfs, run):
         if not settings["recheck_interval"]:
             remove += ["%s/%s" % (UNIT_DIR, RECHECK_UNIT), "%s/%s" % (UNIT_DIR, TIMER)]
         actions = plan_files(files, remove, root, diff_skip=("%s/%s/" % (settings["lib_dir"].rstrip("/"), PKG_DIR),))
-    irqbalance_result, irqbalance_diff = None, []
-    if irqbalance is not None:
-        prepared = _irqbalance_prepare(module, params, root, sysfs, run, plan["cpulist"], [plan["pci_address"]])
-        irqbalance_result, irqbalance_diff = finish(prepared)
-    try:
-        out, warnings, diff = _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desired, files,
-                                               actions, settings, root, irqbalance_result, rps_release)
-    except (AffinityError, NicError, TreeError, PersistError) as exc:
-        if irqbalance_result is not None:   # irqbalance's pass is done: say so in the failure
-            exc.details.update(irqbalance_state=irqbalance_result,
-                               changed=bool(irqbalance_result["changed"] or exc.details.get("changed")))
-        raise
+    # Everything is planned and checked: from here to the read-back, one pass of pins at a time on the system. The
+    # boot/udev/if-up/re-check entry point waits for this lock, then applies the state file this run wrote.
+    with pin_lock(procfs, take=not module.check_mode):
+        irqbalance_result, irqbalance_diff = None, []
+        if irqbalance is not None:
+            prepared = _irqbalance_prepare(module, params, root, sysfs, run, plan["cpulist"], [plan["pci_address"]])
+            irqbalance_result, irqbalance_diff = finish(prepared)
+        try:
+            out, warnings, diff = _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desired,
+                                                   files, actions, settings, root, irqbalance_result, rps_release)
+        except (AffinityError, NicError, TreeError, PersistError) as exc:
+            if irqbalance_result is not None:   # irqbalance's pass is done: say so in the failure
+                exc.details.update(irqbalance_state=irqbalance_result,
+                                   changed=bool(irqbalance_result["changed"] or exc.details.get("changed")))
+            raise
     return out, warnings, irqbalance_diff + diff
 
 
@@ -635,6 +638,12 @@ def _roll_back(exc, systemd, undo_files, changed_files, result, procfs, sysfs):
 
 
 def _absent(module, params, procfs, sysfs, run):
+    # The entry point's passes wait (a running one is stopped by disable --now: its wait for the lock ends).
+    with pin_lock(procfs, take=not module.check_mode):
+        return _remove(module, params, procfs, sysfs, run)
+
+
+def _remove(module, params, procfs, sysfs, run):
     settings = dict((key, params[key]) for key in SETTINGS)
     root = root_of(procfs)
     actions = plan_files({}, owned_paths(settings, root), root,
@@ -708,7 +717,7 @@ def main():
             out, warnings, diff = _absent(module, params, procfs, sysfs, run)
         else:
             out, warnings, diff = _present(module, params, procfs, sysfs, run)
-    except (AffinityError, NicError, TreeError, PersistError, StateError) as exc:
+    except (AffinityError, NicError, TreeError, PersistError, StateError, LockError) as exc:
         details = dict(exc.details)
         details.setdefault("changed", False)
         module.fail_json(msg=str(exc), **details)

@@ -589,11 +589,15 @@ def build_tree(root, spec):
 
 def snapshot_tree(root):
     """Every file and link under ``root``: a link as ("link", target), a file as (sha256 of its bytes, its mode
-    bits), so that a test can show a run changed nothing (or exactly what it planned)."""
+    bits), so that a test can show a run changed nothing (or exactly what it planned). The NIC IRQ pin lock under
+    run/ is left out: a runtime lock that every run that pins leaves in place, empty, by design."""
+    from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import PIN_LOCK
     out = {}
     for base, _dirs, files in os.walk(root):
         for name in files:
             path = os.path.join(base, name)
+            if os.path.relpath(path, root) == PIN_LOCK:
+                continue
             if os.path.islink(path):
                 out[os.path.relpath(path, root)] = ("link", os.readlink(path))
                 continue

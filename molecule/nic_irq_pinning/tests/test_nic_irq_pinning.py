@@ -15,6 +15,9 @@ file order and build on each other (one guest boot for the whole story):
      interface closed and says so, `ifup` pins it through the if-up hook;
      with allow-hotplug back, a rebind is pinned again
   6  ethtool -L 4 then 6: check mode reports the drift, the timer restores it
+  6b the pin lock held by flock(1) (as a nic_irq_persist run holds it): the
+     unit started meanwhile waits and writes nothing; a restart ends its wait
+     (SIGTERM noted, never a kill) and the next run pins once the lock is free
   7  open-nic (small-node shape plus a 4-queue vmxnet3; one NUMA node, no
      irqbalance) converged
   8  state=absent leaves nothing behind and gives irqbalance back
@@ -253,6 +256,49 @@ def test_channel_change_is_drift_in_check_mode_and_the_timer_restores_it():
     quiet = ssh(GPU["name"], "journalctl -u gpunode-nic-irq-affinity-recheck.service --since @%s --no-pager -o cat"
                 % since).stdout
     assert quiet.strip() in ("", "-- No entries --"), quiet
+
+
+# 6b ------------------------------------------------------------------------
+
+# Exit 0 once the unit's main process has a SIGTERM handler (SigCgt bit 15); python3 on the guest, not gawk.
+SIGTERM_CAUGHT = ("python3 -c 'import subprocess, sys; "
+                  "pid = int(subprocess.check_output([\"systemctl\", \"show\", \"-p\", \"MainPID\", \"--value\", \"%s\"])); "
+                  "mask = [l.split()[1] for l in open(\"/proc/%%d/status\" %% pid) if l.startswith(\"SigCgt:\")] if pid else [\"0\"]; "
+                  "sys.exit(0 if int(mask[0], 16) >> 14 & 1 else 1)'" % UNIT_NAME)
+
+
+def test_a_restart_while_the_pin_lock_is_held_waits_then_pins_and_never_kills_a_run():
+    """The lock and the restart on a real systemd: flock(1) holds the pin lock (as an Ansible run of
+    nic_irq_persist does); the unit started meanwhile writes nothing and waits; a restart (what the udev rule and
+    the if-up hook send) ends that wait with SIGTERM noted, not a kill; the next run pins once the lock is free."""
+    plan_by_queue = {q: next(iter(v)) for q, v in queue_cpus(probe(GPU)).items()}
+    assert all(c != "0" for c in plan_by_queue.values()), plan_by_queue
+    ssh(GPU["name"], "systemctl stop gpunode-nic-irq-affinity.timer")
+    irqs = [n for n, irq in probe(GPU)["irqs"].items() if re.match(r"virtio\d+-(input|output)\.\d+$", irq["name"] or "")]
+    ssh(GPU["name"], "for n in %s; do echo 0 > /proc/irq/$n/smp_affinity_list; done" % " ".join(map(str, irqs)))
+    moved = {q: {"0"} for q in plan_by_queue}
+    assert queue_cpus(probe(GPU)) == moved
+    since = ssh(GPU["name"], "date +%s").stdout.strip()
+    ssh(GPU["name"], "mkdir -p /run/gpunode && (setsid nohup flock /run/gpunode/nic-irq-pin.lock sleep 25 "
+                     ">/dev/null 2>&1 &) && sleep 1")
+    ssh(GPU["name"], "systemctl start --no-block %s" % UNIT_NAME)
+    assert wait_until(lambda: ssh(GPU["name"], SIGTERM_CAUGHT, check=False).returncode == 0, timeout=20, step=0.5) \
+        is not None, "the boot unit's run never got its SIGTERM handler"
+    time.sleep(1)
+    assert queue_cpus(probe(GPU)) == moved, "the run pinned while another held the lock"
+    ssh(GPU["name"], "systemctl --no-block restart %s" % UNIT_NAME)
+
+    def restored():
+        return {q: next(iter(v)) for q, v in queue_cpus(probe(GPU)).items() if len(v) == 1} == plan_by_queue
+
+    waited = wait_until(restored, timeout=90)
+    text = journal(GPU, UNIT_NAME, since=since)
+    assert waited is not None, "pins not restored after the lock was freed:\n%s" % text
+    assert "code=killed" not in text and "status=15" not in text, text
+    assert "stop requested (SIGTERM) while waiting for the lock /run/gpunode/nic-irq-pin.lock" in text, text
+    assert "(changed)" in text and "Failed" not in text, text
+    ssh(GPU["name"], "systemctl start gpunode-nic-irq-affinity.timer")
+    print("lock held 25 s, restart while waiting: pins restored %.0f s after the restart" % waited)
 
 
 # 7 -------------------------------------------------------------------------

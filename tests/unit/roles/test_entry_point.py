@@ -200,8 +200,6 @@ def test_sigterm_during_a_pass_finishes_every_pin_of_it_then_stops(lab):
     from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_pin_cli
 
     tree, state = lab
-    data = json.loads(state.read_text())
-    state.write_text(json.dumps([data, dict(data, count=2)]))     # a second state: not applied after the stop
     sent = []
 
     def run(argv, *args, **kwargs):
@@ -223,4 +221,90 @@ def test_sigterm_during_a_pass_finishes_every_pin_of_it_then_stops(lab):
     queue = {int(i): tree.affinity(i) for i in tree.irqs("enp66s1")[1:]}
     assert sorted(set(queue.values())) == ["4", "5", "6", "7"], (queue, lines)
     text = "".join(lines)
-    assert "(changed)" in text and "1 desired state(s) not applied" in text, text
+    assert "(changed)" in text and "stop requested (SIGTERM): the pass in progress was finished" in text, text
+
+
+def _hold_pin_lock(tree):
+    """Hold the tree's pin lock as the nic_irq_persist module does (a second open file description)."""
+    import fcntl
+
+    from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import PIN_LOCK
+
+    path = Path(tree.proc).parent / PIN_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(str(path), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def test_a_run_waits_for_the_pin_lock_and_applies_the_state_file_written_meanwhile(installed, lab):
+    """The re-check that starts while Ansible re-pins: it waits for the lock, writes nothing meanwhile, and then
+    applies the state file as Ansible left it (read under the lock), not the one it replaced."""
+    tree, state = lab
+    before = tree.all_affinities()
+    fd = _hold_pin_lock(tree)
+    proc = subprocess.Popen([sys.executable, "-I", str(installed), str(state)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        deadline = time.monotonic() + 30
+        while not _catches_sigterm(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(1.0)
+        assert proc.poll() is None, "the run did not wait for the lock: %s" % (proc.communicate(),)
+        assert tree.all_affinities() == before                       # nothing written while the lock is held
+        data = json.loads(state.read_text())
+        data["count"] = 2                                            # what Ansible writes while it holds the lock
+        state.write_text(json.dumps(data))
+    finally:
+        os.close(fd)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out + err
+    queue = {int(i): tree.affinity(i) for i in tree.irqs("enp66s1")[1:]}
+    assert len(set(queue.values())) == 2, (queue, out)                # the new state's 2 CPUs, not the old 4
+
+
+def test_a_lock_held_past_the_wait_is_an_error_naming_it_and_nothing_is_written(lab):
+    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_pin_cli
+
+    tree, state = lab
+    before = tree.all_affinities()
+    now = [0.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    lines = []
+
+    class Out(object):
+        def write(self, text):
+            lines.append(text)
+
+    fd = _hold_pin_lock(tree)
+    try:
+        status = _irq_pin_cli.main([str(state)], run=tree.run, out=Out(), sleep=sleep, clock=lambda: now[0])
+    finally:
+        os.close(fd)
+    text = "".join(lines)
+    assert status == 1 and "another run holds the lock" in text and "nic-irq-pin.lock" in text, text
+    assert now[0] >= 25.0, now                                        # it waited the whole bound first
+    assert tree.all_affinities() == before
+
+
+def test_sigterm_while_waiting_for_the_lock_ends_the_run_at_once(installed, lab):
+    tree, state = lab
+    before = tree.all_affinities()
+    fd = _hold_pin_lock(tree)
+    try:
+        proc = subprocess.Popen([sys.executable, "-I", str(installed), str(state)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd="/")
+        deadline = time.monotonic() + 30
+        while not _catches_sigterm(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)                      # well under the 25 s lock wait
+    finally:
+        os.close(fd)
+    assert proc.returncode == 0, out + err
+    assert "stop requested (SIGTERM) while waiting for the lock" in out, out
+    assert tree.all_affinities() == before

@@ -25,6 +25,7 @@ import modharness
 import treegen
 from modharness import Exit, Fail
 from ansible_collections.gpunode.tuning.plugins.module_utils import _persist
+from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import PIN_LOCK
 from ansible_collections.gpunode.tuning.plugins.modules import nic_irq_persist
 
 
@@ -50,10 +51,14 @@ def args(tree, **kw):
 
 
 def snapshot(root):
+    """Every file under ``root`` with its hash and mode, but the pin lock: a runtime lock under /run that every
+    run leaves in place, empty, by design (see _fileio.exclusive_lock)."""
     out = {}
     for base, _dirs, files in os.walk(root):
         for name in files:
             path = os.path.join(base, name)
+            if os.path.relpath(path, root) == PIN_LOCK:
+                continue
             st = os.lstat(path)
             if os.path.islink(path):
                 out[os.path.relpath(path, root)] = ("link", os.readlink(path))
@@ -621,3 +626,62 @@ def test_a_step_that_cannot_be_taken_back_is_named_and_the_run_reports_changed(l
     assert res["systemd_rollback_failed"] == ["disable %s" % UNIT_NAME] and "FAILED: disable" in res["msg"]
     assert unit_states(systemd) == [UNIT_NAME + ".enabled"]      # said, not hidden
     assert snapshot(lab.root) == files and lab.all_affinities() == pins
+
+
+def _pin_lock_is_held(tree):
+    """True when another open file description holds the tree's pin lock."""
+    import fcntl
+    path = os.path.join(tree.root, PIN_LOCK)
+    if not os.path.exists(path):
+        return False
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_the_pin_lock_is_held_from_the_pins_through_the_state_file_to_the_read_back(lab, systemd, monkeypatch):
+    """The boot/re-check entry point takes the same lock per pass: it can never apply the old state file between
+    this run's pins and its state file write, or move a pin between the write and the read-back."""
+    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_affinity
+    held = []
+
+    def watch(name, real):
+        def wrapper(*a, **kw):
+            held.append((name, _pin_lock_is_held(lab)))
+            return real(*a, **kw)
+        return wrapper
+
+    monkeypatch.setattr(_irq_affinity, "apply_plan", watch("pins", _irq_affinity.apply_plan))
+    monkeypatch.setattr(nic_irq_persist, "apply_files", watch("files", nic_irq_persist.apply_files))
+    monkeypatch.setattr(nic_irq_persist, "verify_pins", watch("read-back", nic_irq_persist.verify_pins))
+    kind, res = run(args(lab))
+    assert kind is Exit and res["changed"] is True and res["verified"] is True, res
+    assert [name for name, locked in held] == ["pins", "files", "read-back"], held
+    assert all(locked for name, locked in held), held
+    assert not _pin_lock_is_held(lab)                                  # released when the run ends
+
+
+def test_a_pin_lock_held_by_another_run_fails_naming_it_and_changes_nothing(lab, systemd, monkeypatch):
+    import fcntl
+    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_affinity
+    monkeypatch.setattr(_irq_affinity, "PIN_LOCK_WAIT", 0.3)
+    files, pins = snapshot(lab.root), lab.all_affinities()
+    path = os.path.join(lab.root, PIN_LOCK)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)                                     # a boot-time pass in progress
+    try:
+        kind, res = run(args(lab))
+        assert kind is Fail and res["changed"] is False, res
+        assert "another run holds the lock" in res["msg"] and PIN_LOCK in res["msg"], res["msg"]
+        assert snapshot(lab.root) == files and lab.all_affinities() == pins
+        assert log_of(systemd) == []
+        kind, res = run(args(lab), check=True)                         # check mode reads only: no lock, no wait
+        assert kind is Exit and res["changed"] is True, res
+    finally:
+        os.close(fd)
