@@ -168,7 +168,11 @@ def _nic(result):
                 used.update(parse_cpulist(cpus))
             except CpuListError:
                 continue
-        if used - banned:
+        if not used:
+            found.append(finding("irq:irqbalance", "unknown", "irqbalance runs, and the CPUs of the queue IRQs could not be "
+                                 "read: whether it bans them is not known", evidence=balance,
+                                 fix="check /proc/irq/N/effective_affinity_list of the queue IRQs"))
+        elif used - banned:
             found.append(finding("irq:irqbalance", "warn", "irqbalance runs and does not ban the IRQ CPUs %s: it may move the IRQs" % (
                 ",".join(str(c) for c in sorted(used - banned))), evidence=balance,
                 fix="ban the IRQ CPUs (irqbalance role, mode banned) or stop irqbalance"))
@@ -397,9 +401,10 @@ def _module_findings(source, result):
     if source == "checkpoint":
         return _prefixed(source, _checkpoint(result))
     if result.get("failed"):
-        return [finding("%s:check" % source, "fail", "the %s check failed: %s" % (source, result.get("msg") or "no message"),
-                        evidence={k: v for k, v in result.items() if k in ("option", "value", "expected", "path")} or None,
-                        fix="fix the error above and rerun the preflight")]
+        return _prefixed(source, [finding(
+            "%s:check" % source, "fail", "the %s check failed: %s" % (source, result.get("msg") or "no message"),
+            evidence={k: v for k, v in result.items() if k in ("option", "value", "expected", "path")} or None,
+            fix="fix the error above and rerun the preflight")])
     if source == "cpu_power":
         return _prefixed(source, _cpu_power(result))
     if source == "softnet":
