@@ -45,7 +45,7 @@ IDLE = ROOT / "tests" / "unit" / "fixtures" / "cpu_power" / "cpupower" / "idle_i
 
 
 def add_hardware(fleet, count):
-    from ansible_collections.gpunode.tuning.plugins.module_utils._cpupower import parse_idle_info
+    from cpupower_capture import parse_idle_info
 
     idle = parse_idle_info(IDLE.read_text())
     for index in range(count):

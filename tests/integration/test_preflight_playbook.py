@@ -32,7 +32,7 @@ import reportcheck  # noqa: E402
 import softnet_load  # noqa: E402
 import treegen  # noqa: E402
 from cpuidle_tree import sysfs_from_idle_info  # noqa: E402
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpupower import parse_idle_info  # noqa: E402
+from cpupower_capture import parse_idle_info  # noqa: E402
 from test_diagnose_playbook import SPEED, affinities, node_spec  # noqa: E402
 
 pytestmark = pytest.mark.playbook

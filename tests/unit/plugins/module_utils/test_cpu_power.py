@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpunode.tuning.plugins.module_utils import _cpu_freq, _cpu_idle, _cpu_power, _virt
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpupower import parse_idle_info
+from cpupower_capture import parse_idle_info
 
 from cpuidle_tree import sysfs_from_idle_info
 

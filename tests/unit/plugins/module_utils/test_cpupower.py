@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpupower import (
+from cpupower_capture import (
     CpupowerError,
     parse_frequency_info,
     parse_idle_info,

@@ -19,7 +19,7 @@ import pytest
 
 import modharness
 from modharness import Exit, Fail
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpupower import parse_idle_info
+from cpupower_capture import parse_idle_info
 from ansible_collections.gpunode.tuning.plugins.modules import cpu_power_facts, cpu_power_settings
 
 from cpuidle_tree import sysfs_from_idle_info

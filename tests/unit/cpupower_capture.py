@@ -2,11 +2,13 @@
 # Copyright (c) gpunode.tuning contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""``cpupower idle-info`` and ``cpupower frequency-info``: parse them (pure).
+"""``cpupower idle-info`` and ``cpupower frequency-info``: parse them (pure). A test helper.
 
-Private module_utils of gpunode.tuning: standard library only, no Ansible
-imports. ``parse_idle_info`` and ``parse_frequency_info`` turn what cpupower
-printed into numbers; frequencies become kHz integers, as sysfs has them.
+The tests turn real cpupower captures (fixtures/cpu_power/cpupower, provenance in its README) into sysfs trees
+(cpuidle_tree) for cpu_power_facts to read. It was plugins/module_utils/_cpupower.py, imported by no plugin:
+cpupower reads the same sysfs files the collection reads itself (issue 30, dead code wired or deleted).
+``parse_idle_info`` and ``parse_frequency_info`` turn what cpupower printed into numbers; frequencies become kHz
+integers, as sysfs has them.
 
 The formats, from tools/power/cpupower/utils/cpuidle-info.c and
 cpufreq-info.c (and the older cpufrequtils layout cpupower started from):
