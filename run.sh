@@ -172,19 +172,39 @@ step_molecule() {
     fi
     if [ "${#list[@]}" -eq 0 ]; then echo "no molecule scenarios"; return 1; fi
     python3 tests/lab/lab.py build || return 1
-    trap 'python3 tests/lab/lab.py down --all >/dev/null 2>&1' RETURN
+    local out digest
+    out=$(mktemp) && digest=$(mktemp) || return 1
+    trap 'python3 tests/lab/lab.py down --all >/dev/null 2>&1; rm -f "$out" "$digest"' RETURN
     for s in "${list[@]}"; do
         t0=$SECONDS
         log "molecule test -s $s"
-        if PYTHONUNBUFFERED=1 flock /tmp/gpunode-molecule.lock molecule test -s "$s" 2>&1 | stamp_steps; [ "${PIPESTATUS[0]}" -eq 0 ]; then
+        if PYTHONUNBUFFERED=1 flock /tmp/gpunode-molecule.lock molecule test -s "$s" 2>&1 | stamp_steps | tee "$out"; [ "${PIPESTATUS[0]}" -eq 0 ]; then
             echo "scenario $s: passed in $((SECONDS - t0)) s"
         else
             echo "scenario $s: FAILED after $((SECONDS - t0)) s"
+            failure_digest "$s" "$out" >>"$digest"
             rc=1
         fi
     done
     python3 tests/lab/lab.py down --all
+    # What failed, again at the end: a CI log is often kept only as its tail.
+    [ -s "$digest" ] && cat "$digest"
     return "$rc"
+}
+
+failure_digest() {
+    # failure_digest SCENARIO LOG: the failed Ansible tasks (their TASK line and the fatal/failed result) and the
+    # failing pytest assertions of one scenario's output, bounded.
+    echo
+    echo "=== scenario $1 failed: what failed ==="
+    awk '
+        /^TASK \[/ { task = $0; n = 0 }
+        /^PLAY RECAP/ { n = 0 }
+        /^(fatal|failed): \[/ || /FAILED! =>/ { if (task != "") print task; task = ""; n = 12 }
+        n > 0 { print; n-- }
+    ' "$2" | cut -c1-400 | head -60
+    grep -E "^(E  |FAILED |ERROR )" "$2" | cut -c1-400 | head -40
+    echo "=== end of scenario $1 ==="
 }
 
 run_steps() {
