@@ -174,7 +174,7 @@ step_molecule() {
     python3 tests/lab/lab.py build || return 1
     local out digest
     out=$(mktemp) && digest=$(mktemp) || return 1
-    trap 'python3 tests/lab/lab.py down --all >/dev/null 2>&1; rm -f "$out" "$digest"' RETURN
+    trap 'python3 tests/lab/lab.py down --all >/dev/null 2>&1; rm -f "${out:-}" "${digest:-}"; trap - RETURN' RETURN
     for s in "${list[@]}"; do
         t0=$SECONDS
         log "molecule test -s $s"
