@@ -65,7 +65,8 @@ AREAS = {
         [MU + "_nvidia_smi.py", MU + "_dcgmi.py", MU + "_gpu_health.py"],
         [UT + "test_nvidia_smi.py", UT + "test_dcgmi.py", UM + "test_preflight_modules.py"],
     ),
-    "preflight": ([MU + "_preflight.py"], [UT + "test_preflight.py", UM + "test_preflight_modules.py"]),
+    "preflight": ([MU + "_preflight.py"], [UT + "test_preflight.py", UT + "test_preflight_findings.py",
+                                          UM + "test_preflight_modules.py"]),
     "softnet_verdict": (
         [MU + "_softnet_verdict.py"],
         [UT + "test_softnet_verdict.py", UT + "test_softnet.py", UT + "test_softnet_issue28.py",

@@ -115,3 +115,39 @@ def test_a_bad_checkpoint_threshold_names_the_variable_value_and_expected(value)
 def test_the_checkpoint_threshold_accepts_zero_fractions_and_text(value, seconds):
     result = {} if value is None else {"preflight_max_pending_seconds": value}
     assert P._max_pending(result) == seconds
+
+
+@pytest.mark.parametrize("call,message,details", [
+    (lambda: P.host_findings(["gpu"]), "a host's results are not a mapping",
+     {"value": ["gpu"], "expected": "{source: module result}"}),
+    (lambda: P.host_findings({"gpu": "ok"}), "the gpu result is not a mapping",
+     {"source": "gpu", "value": "ok", "expected": "a module result"}),
+    (lambda: P.host_findings({"nic": {}, "gpus": {}, "cpu": {}}), "unknown preflight sources cpu, gpus",
+     {"value": ["cpu", "gpus"], "expected": list(P.SOURCES)}),
+    (lambda: P.collect({"node1": None}, {"rules": []}), "host node1 has no results mapping",
+     {"host": "node1", "value": None, "expected": "{results, error}"}),
+    (lambda: P.drift_collect_hosts({"node2": []}), "host node2 has no reports mapping",
+     {"host": "node2", "value": [], "expected": "{reports, error}"}),
+])
+def test_results_of_the_wrong_shape_are_refused_naming_the_host_source_and_value(call, message, details):
+    with pytest.raises(PreflightError) as exc:
+        call()
+    assert str(exc.value) == message and exc.value.details == details
+
+
+def test_collect_applies_the_policy_per_host_and_keeps_the_error():
+    hosts = P.collect({"a": {"results": {"platform": {"failed": True, "msg": "boom"}}, "error": None},
+                       "b": {"error": "unreachable"}},
+                      {"rules": [{"check": "platform:*", "fatal": []}]})
+    assert hosts == {"a": {"findings": [dict(P.host_findings({"platform": {"failed": True, "msg": "boom"}})[0],
+                                             fatal=False)], "error": None},
+                     "b": {"findings": [], "error": "unreachable"}}
+
+
+def test_drift_collect_hosts_passes_applied_on():
+    reports = {"cpusets": {"files": [{"path": "/etc/x", "action": "update", "reason": "content"}]}}
+    checked = P.drift_collect_hosts({"n": {"reports": reports, "error": None}})
+    applied = P.drift_collect_hosts({"n": {"reports": reports, "error": None}}, applied=True)
+    assert checked["n"]["findings"] == P.drift_findings(reports) and checked["n"]["findings"][0]["fatal"] is True
+    assert applied["n"]["findings"] == P.drift_findings(reports, True) and applied["n"]["findings"][0]["fatal"] is False
+    assert P.drift_collect_hosts({"n": {"error": "down"}}) == {"n": {"findings": [], "error": "down"}}
