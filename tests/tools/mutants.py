@@ -63,7 +63,8 @@ AREAS = {
     "cpu_power": ([MU + "_cpu_power.py"], [UT + "test_cpu_power.py", UM + "test_cpu_power_modules.py"]),
     "gpu_findings": (
         [MU + "_nvidia_smi.py", MU + "_dcgmi.py", MU + "_gpu_health.py"],
-        [UT + "test_nvidia_smi.py", UT + "test_dcgmi.py", UM + "test_preflight_modules.py"],
+        [UT + "test_nvidia_smi.py", UT + "test_dcgmi.py", UT + "test_gpu_health_results.py",
+         UM + "test_preflight_modules.py"],
     ),
     "preflight": ([MU + "_preflight.py"], [UT + "test_preflight.py", UT + "test_preflight_findings.py",
                                           UM + "test_preflight_modules.py"]),
