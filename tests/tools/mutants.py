@@ -66,8 +66,10 @@ AREAS = {
         [UT + "test_nvidia_smi.py", UT + "test_dcgmi.py", UT + "test_gpu_health_results.py",
          UM + "test_preflight_modules.py"],
     ),
-    "preflight": ([MU + "_preflight.py"], [UT + "test_preflight.py", UT + "test_preflight_findings.py",
-                                          UM + "test_preflight_modules.py"]),
+    "preflight": (
+        [MU + "_preflight.py"],
+        [UT + "test_preflight.py", UT + "test_preflight_findings.py", UM + "test_preflight_modules.py"],
+    ),
     "softnet_verdict": (
         [MU + "_softnet_verdict.py"],
         [UT + "test_softnet_verdict.py", UT + "test_softnet.py", UT + "test_softnet_issue28.py",

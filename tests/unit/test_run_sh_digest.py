@@ -18,7 +18,7 @@ LOG = """\
 TASK [gpunode.tuning.nic_irq_pinning : Pin the NIC IRQs] ******
 ok: [gpu-node]
 TASK [gpunode.tuning.nic_irq_pinning : Take irqbalance out of the way, pin the queue IRQs] ******
-fatal: [gpu-node]: FAILED! => {"changed": false, "msg": "after pinning, queue IRQs of 0000:42:01.0 are not on their planned CPUs: 41 virtio2-input.2: 2, planned 4"}
+fatal: [gpu-node]: FAILED! => {"changed": false, "msg": "queue IRQs not on their planned CPUs: 41 virtio2-input.2: 2, planned 4"}
 
 PLAY RECAP *********************************************************************
 gpu-node                   : ok=31   changed=12   unreachable=0    failed=1

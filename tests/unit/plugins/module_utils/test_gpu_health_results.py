@@ -44,10 +44,9 @@ CASES.update({
     "gpus_but_no_smi_captured_tree": (2, None, 0, None, None),
     "captured_tree_dcgm_level_without_capture": (1, "telegraf_tesla-t4.xml", 2, None, None),
     "live_smi_not_installed": (2, None, 1, None, {"nvidia-smi": [127, "", ""], "dcgmi": [127, "", ""]}),
-    "live_smi_fails_dcgmi_no_table": (1, None, 3, None, {"nvidia-smi": [9, "", "NVIDIA-SMI has failed because it couldn't "
-                                                                           "communicate with the NVIDIA driver.\n"],
-                                                         "dcgmi": [255, "", "Error: unable to establish a connection to "
-                                                                              "the specified host: localhost\n"]}),
+    "live_smi_fails_dcgmi_no_table": (1, None, 3, None, {
+        "nvidia-smi": [9, "", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"],
+        "dcgmi": [255, "", "Error: unable to establish a connection to the specified host: localhost\n"]}),
     "live_no_gpu_no_dcgmi": (0, None, 1, None, {"nvidia-smi": [127, "", ""], "dcgmi": [127, "", ""]}),
     "live_smi_and_dcgmi_answer": (1, None, 1, None, {"nvidia-smi": [0, "@telegraf_tesla-t4.xml", ""],
                                                      "dcgmi": [0, "@" + DCGMI[0], ""]}),
@@ -161,8 +160,8 @@ def _run_case(tmp_path, name):
         sysfs=_tree(tmp_path / "sys", gpus), run=run, nvidia_smi_xml_path=xml_path, dcgm_level=level,
         dcgmi_output_path=dcgmi_path)
     # Paths of the captures as the fixture names them (this checkout's location is not part of the result).
-    return json.loads(json.dumps(result).replace(str(FIXTURES) + "/", "<fixtures>/").replace(str(tmp_path) + "/",
-                                                                                              "<derived>/"))
+    text = json.dumps(result).replace(str(FIXTURES) + "/", "<fixtures>/")
+    return json.loads(text.replace(str(tmp_path) + "/", "<derived>/"))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -284,7 +283,7 @@ def test_an_unreadable_value_is_refused_naming_its_xml_path(capture, tag, nth, f
     from ansible_collections.gpunode.tuning.plugins.module_utils._nvidia_smi import NvidiaSmiError, parse_nvidia_smi
 
     text = (FIXTURES / "nvidia_smi" / ("telegraf_%s.xml" % capture)).read_text()
-    match = [m for m in re.finditer(r"<%s>([^<]*?)</%s>" % (tag, tag), text)][nth - 1]
+    match = list(re.finditer(r"<%s>([^<]*?)</%s>" % (tag, tag), text))[nth - 1]
     bad = "bogus MHz" if re.search(r"\d", match.group(1)) else "Maybe"
     with pytest.raises(NvidiaSmiError) as exc:
         parse_nvidia_smi(text[:match.start()] + "<%s>%s</%s>" % (tag, bad, tag) + text[match.end():])
