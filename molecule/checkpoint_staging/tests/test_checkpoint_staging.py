@@ -28,6 +28,7 @@ import json
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -325,10 +326,25 @@ def test_nfs_outage_holds_checkpoints_and_retries():
 def test_power_cut_in_the_middle_of_a_copy_loses_nothing():
     name, size = "ckpt-0400.pt", 128
     boot_id = ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    since = ssh("date +%s").stdout.strip()
+    partial = partial_path("/srv/nfs/ckpt", name)
+    # The observer polls the server from before the checkpoint is written: started after the writer (as before),
+    # it missed a copy that was over in the seconds its SSH and Python took to start (a clean-clone run).
+    watch = {}
+    observer = threading.Thread(target=lambda: watch.update(res=py(
+        MID_COPY, partial, 16 << 20, (size << 20) - (16 << 20), 240, timeout=270, check=False)))
+    observer.start()
+    time.sleep(3)
     write("lab-writer-3", [{"rule": "rename", "dir": "/var/lib/ckpt-staging", "name": name, "mb": size, "chunk_mb": 8, "pause": 0}])
     wait_written("lab-writer-3")
-    partial = partial_path("/srv/nfs/ckpt", name)
-    caught = py(MID_COPY, partial, 16 << 20, (size << 20) - (16 << 20), 120, timeout=150).stdout.strip()
+    observer.join(300)
+    res = watch["res"]
+    assert res.returncode == 0, "copy of %s not seen between 16 and %d MiB on the server in 240 s\n%s\n%s\n%s" % (
+        name, size - 16, ssh("ls -la /srv/nfs/ckpt /var/lib/ckpt-staging", check=False).stdout,
+        json.dumps(copier_status(CONFIG), indent=1)[-3000:],
+        ssh("journalctl -o short-monotonic --since @%s -u gpunode-ckpt-copier.service -u gpunode-ckpt-copier.path "
+            "-u gpunode-ckpt-copier.timer" % since, check=False).stdout[-4000:])
+    caught = res.stdout.strip()
     monitor = json.loads(ssh("cat %s" % MONITOR_OUT).stdout)
     inst = labtest.LAB.load_instance("%s-%s" % (labtest.SCENARIO_NAME, NODE["name"]))
     labtest.LAB.hmp(Path(inst["monitor"]), "system_reset")  # power cut: no shutdown, no flush
