@@ -203,7 +203,7 @@ failure_digest() {
         /^(fatal|failed): \[/ || /FAILED! =>/ { if (task != "") print task; task = ""; n = 12 }
         n > 0 { print; n-- }
     ' "$2" | cut -c1-400 | head -60
-    grep -E "^(E  |FAILED |ERROR )" "$2" | cut -c1-400 | head -40
+    grep -E "^(E  |FAILED |ERROR )" "$2" | grep -v "^FAILED - RETRYING" | cut -c1-400 | head -40
     echo "=== end of scenario $1 ==="
 }
 

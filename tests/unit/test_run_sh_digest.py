@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LOG = """\
 [+  12 s] INFO     [workload_fence > converge] Executing
+FAILED - RETRYING: [localhost]: Wait for every guest to answer SSH (780 retries left).
 TASK [gpunode.tuning.nic_irq_pinning : Pin the NIC IRQs] ******
 ok: [gpu-node]
 TASK [gpunode.tuning.nic_irq_pinning : Take irqbalance out of the way, pin the queue IRQs] ******
@@ -42,4 +43,5 @@ def test_the_digest_names_the_failed_task_its_result_and_the_assertions(tmp_path
     assert not [x for x in lines if x.startswith("gpu-node ")]                                # the window ends at RECAP
     assert lines.count("E       AssertionError: cpu 4 soft: module 91.21, mpstat 94.17") == 1
     assert "FAILED tests/test_softnet.py::test_flood - AssertionError: cpu 4 soft" in lines
+    assert not [x for x in lines if "RETRYING" in x]                                          # until: retries, no failure
     assert lines[-1] == "=== end of scenario workload_fence ==="
