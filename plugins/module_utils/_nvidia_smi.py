@@ -270,7 +270,7 @@ def _row_remap(gpu):
     if rows["pending"] or rows["failure"]:
         return _finding(
             "remapped_rows", gpu, "fail",
-            "row remapping is %s" % ("failed" if rows["failure"] else "pending"), rows,
+            "row remapping failed" if rows["failure"] else "row remapping is pending", rows,
             "drain the node and reset the GPU (nvidia-smi -r) to apply pending remaps; a remapping failure needs an RMA",
         )
     return _finding("remapped_rows", gpu, "pass", "no pending row remap and no remapping failure", rows)
