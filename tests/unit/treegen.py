@@ -587,6 +587,21 @@ def build_tree(root, spec):
     return tree
 
 
+def flock_held(path):
+    """True when another open file description holds an exclusive flock on ``path`` (False when it is absent)."""
+    import fcntl
+    if not os.path.exists(str(path)):
+        return False
+    fd = os.open(str(path), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def snapshot_tree(root):
     """Every file and link under ``root``: a link as ("link", target), a file as (sha256 of its bytes, its mode
     bits), so that a test can show a run changed nothing (or exactly what it planned). The NIC IRQ pin lock under

@@ -12,25 +12,15 @@ import os
 import pytest
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import LockError, exclusive_lock
-
-
-def _held(path):
-    fd = os.open(str(path), os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+from treegen import flock_held
 
 
 def test_the_lock_is_created_0600_held_inside_and_released_after(tmp_path):
     path = tmp_path / "run" / "gpunode" / "x.lock"
     with exclusive_lock(str(path), 1):
-        assert _held(path)
+        assert flock_held(path)
         assert os.stat(str(path)).st_mode & 0o7777 == 0o600
-    assert not _held(path) and path.is_file()                       # left in place, free
+    assert not flock_held(path) and path.is_file()                       # left in place, free
 
 
 def test_no_path_takes_nothing_and_creates_nothing(tmp_path):

@@ -130,6 +130,16 @@ def _answer(text):
     return text
 
 
+def _edited(capture, edits, out):
+    """A real capture with the named edits (each old text must be in it), written to ``out``; its path."""
+    text = capture.read_text()
+    for old, replacement in edits:
+        assert old in text, (capture.name, old)
+        text = text.replace(old, replacement, 1)
+    out.write_text(text)
+    return str(out)
+
+
 def _run_case(tmp_path, name):
     gpus, xml, level, dcgmi, answers = CASES[name]
     run = None
@@ -142,20 +152,10 @@ def _run_case(tmp_path, name):
             return rc, _answer(out), err
     xml_path = str(FIXTURES / "nvidia_smi" / xml) if xml else None
     if name in DERIVED:
-        text = (FIXTURES / "nvidia_smi" / xml).read_text()
-        for old, replacement in DERIVED[name][1]:
-            assert old in text, (name, old)
-            text = text.replace(old, replacement, 1)
-        xml_path = str(tmp_path / name)
-        Path(xml_path).write_text(text)
+        xml_path = _edited(FIXTURES / "nvidia_smi" / xml, DERIVED[name][1], tmp_path / name)
     dcgmi_path = str(FIXTURES / "dcgmi" / dcgmi) if dcgmi else None
     if name in DERIVED_DCGMI:
-        text = (FIXTURES / "dcgmi" / dcgmi).read_text()
-        for old, replacement in DERIVED_DCGMI[name][1]:
-            assert old in text, (name, old)
-            text = text.replace(old, replacement, 1)
-        dcgmi_path = str(tmp_path / name)
-        Path(dcgmi_path).write_text(text)
+        dcgmi_path = _edited(FIXTURES / "dcgmi" / dcgmi, DERIVED_DCGMI[name][1], tmp_path / name)
     result = _gpu_health.gpu_health(
         sysfs=_tree(tmp_path / "sys", gpus), run=run, nvidia_smi_xml_path=xml_path, dcgm_level=level,
         dcgmi_output_path=dcgmi_path)

@@ -630,18 +630,7 @@ def test_a_step_that_cannot_be_taken_back_is_named_and_the_run_reports_changed(l
 
 def _pin_lock_is_held(tree):
     """True when another open file description holds the tree's pin lock."""
-    import fcntl
-    path = os.path.join(tree.root, PIN_LOCK)
-    if not os.path.exists(path):
-        return False
-    fd = os.open(path, os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return treegen.flock_held(os.path.join(tree.root, PIN_LOCK))
 
 
 def test_the_pin_lock_is_held_from_the_pins_through_the_state_file_to_the_read_back(lab, systemd, monkeypatch):
