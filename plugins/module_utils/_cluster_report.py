@@ -272,6 +272,77 @@ def gate_text(gate, counts, fatal_hosts, labels):
     return "%s: no fatal finding on %s%s" % (labels["go"], _plural(counts["hosts"], "host"), _others(counts, True))
 
 
+def _add_to_group(group_index, name, item):
+    """Counts ``item`` (a finding of host ``name``) in its group: one group per check, status and fatal, with the
+    first fix, up to MAX_MESSAGES distinct messages and the hosts in the order they came."""
+    key = (item["check"], item["status"], item["fatal"])
+    group = group_index.get(key)
+    if group is None:
+        group = group_index[key] = {"check": item["check"], "status": item["status"], "fatal": item["fatal"],
+                                    "message": item["message"], "messages": [], "distinct": 0, "_messages": set(),
+                                    "fix": item["fix"], "hosts": [], "_seen": set(), "findings": 0}
+    if group["fix"] is None:
+        group["fix"] = item["fix"]
+    if item["message"] not in group["_messages"]:
+        group["_messages"].add(item["message"])
+        group["distinct"] += 1
+        if len(group["messages"]) < MAX_MESSAGES:
+            group["messages"].append(item["message"])
+    group["findings"] += 1
+    if name not in group["_seen"]:
+        group["_seen"].add(name)
+        group["hosts"].append(name)
+
+
+def _merge_rows(entries, host_keys):
+    """The summary rows: hosts (already sorted) with the same status and fatal in every check share one row."""
+    row_index = {}
+    rows = []
+    for entry in entries:
+        # The same status (and fatal) in every check: one row. Messages quote each host's own numbers (squeezes,
+        # temperatures), so keying on them would give a 1,000-node cluster 1,000 rows.
+        signature = tuple(sorted((check, cell["status"], cell["fatal"]) for check, cell in entry["cells"].items()))
+        row = row_index.get(signature)
+        if row is None:
+            row = row_index[signature] = {"hosts": [], "worst": entry["worst"], "fatal": entry["fatal"],
+                                          "cells": dict((check, dict(cell, count=0, messages=[], distinct=0, _seen=set()))
+                                                        for check, cell in entry["cells"].items())}
+            rows.append(row)
+        row["hosts"].append(entry["host"])
+        for check, cell in entry["cells"].items():
+            merged = row["cells"][check]
+            merged["count"] += cell["count"]
+            for message in cell["messages"]:
+                if message not in merged["_seen"]:
+                    merged["_seen"].add(message)
+                    merged["distinct"] += 1
+                    if len(merged["messages"]) < MAX_MESSAGES:
+                        merged["messages"].append(message)
+    for row in rows:
+        row["hostlist"] = hostlist(row["hosts"])
+        row["count"] = len(row["hosts"])
+        for cell in row["cells"].values():
+            del cell["_seen"]
+    rows.sort(key=lambda row: (_RANK[row["worst"]], -row["count"], host_keys[row["hosts"][0]]))
+    return rows
+
+
+def _finish_groups(group_index, checks, host_keys):
+    """The groups, their helper sets dropped, hosts sorted by name and listed, in report order (worst first, then
+    the most hosts, then the check's order)."""
+    check_pos = dict((check, pos) for pos, check in enumerate(checks))
+    groups = list(group_index.values())
+    for group in groups:
+        del group["_seen"]
+        del group["_messages"]
+        group["hosts"].sort(key=host_keys.__getitem__)
+        group["hostlist"] = hostlist(group["hosts"])
+        group["count"] = len(group["hosts"])
+    groups.sort(key=lambda group: (rank(group["status"], group["fatal"]), -group["count"], check_pos[group["check"]],
+                                   group["message"]))
+    return groups
+
+
 def build_report(kind, title, hosts, generated_at, gate_labels=None):
     """The report dict (JSON-able) of ``hosts`` ``{name: {"findings": [...], "error": None or str}}``.
 
@@ -307,23 +378,7 @@ def build_report(kind, title, hosts, generated_at, gate_labels=None):
             counts[bucket] += 1
             if worst is None or _RANK[bucket] < _RANK[worst]:
                 worst = bucket
-            key = (item["check"], item["status"], item["fatal"])
-            group = group_index.get(key)
-            if group is None:
-                group = group_index[key] = {"check": item["check"], "status": item["status"], "fatal": item["fatal"],
-                                            "message": item["message"], "messages": [], "distinct": 0, "_messages": set(),
-                                            "fix": item["fix"], "hosts": [], "_seen": set(), "findings": 0}
-            if group["fix"] is None:
-                group["fix"] = item["fix"]
-            if item["message"] not in group["_messages"]:
-                group["_messages"].add(item["message"])
-                group["distinct"] += 1
-                if len(group["messages"]) < MAX_MESSAGES:
-                    group["messages"].append(item["message"])
-            group["findings"] += 1
-            if name not in group["_seen"]:
-                group["_seen"].add(name)
-                group["hosts"].append(name)
+            _add_to_group(group_index, name, item)
         worst = worst or "unknown"
         findings.sort(key=lambda item: rank(item["status"], item["fatal"]))
         counts["hosts"] += 1
@@ -338,45 +393,9 @@ def build_report(kind, title, hosts, generated_at, gate_labels=None):
     host_keys = dict((entry["host"], name_key(entry["host"])) for entry in entries)
     entries.sort(key=lambda entry: (_RANK[entry["worst"]], host_keys[entry["host"]]))
 
-    row_index = {}
-    rows = []
-    for entry in entries:
-        # The same status (and fatal) in every check: one row. Messages quote each host's own numbers (squeezes,
-        # temperatures), so keying on them would give a 1,000-node cluster 1,000 rows.
-        signature = tuple(sorted((check, cell["status"], cell["fatal"]) for check, cell in entry["cells"].items()))
-        row = row_index.get(signature)
-        if row is None:
-            row = row_index[signature] = {"hosts": [], "worst": entry["worst"], "fatal": entry["fatal"],
-                                          "cells": dict((check, dict(cell, count=0, messages=[], distinct=0, _seen=set()))
-                                                        for check, cell in entry["cells"].items())}
-            rows.append(row)
-        row["hosts"].append(entry["host"])
-        for check, cell in entry["cells"].items():
-            merged = row["cells"][check]
-            merged["count"] += cell["count"]
-            for message in cell["messages"]:
-                if message not in merged["_seen"]:
-                    merged["_seen"].add(message)
-                    merged["distinct"] += 1
-                    if len(merged["messages"]) < MAX_MESSAGES:
-                        merged["messages"].append(message)
-    for row in rows:
-        row["hostlist"] = hostlist(row["hosts"])
-        row["count"] = len(row["hosts"])
-        for cell in row["cells"].values():
-            del cell["_seen"]
-    rows.sort(key=lambda row: (_RANK[row["worst"]], -row["count"], host_keys[row["hosts"][0]]))
+    rows = _merge_rows(entries, host_keys)
 
-    check_pos = dict((check, pos) for pos, check in enumerate(checks))
-    groups = list(group_index.values())
-    for group in groups:
-        del group["_seen"]
-        del group["_messages"]
-        group["hosts"].sort(key=host_keys.__getitem__)
-        group["hostlist"] = hostlist(group["hosts"])
-        group["count"] = len(group["hosts"])
-    groups.sort(key=lambda group: (rank(group["status"], group["fatal"]), -group["count"], check_pos[group["check"]],
-                                   group["message"]))
+    groups = _finish_groups(group_index, checks, host_keys)
 
     gate = "no_go" if counts["fatal"] else "go"
     return {

@@ -265,6 +265,75 @@ def _resume_limit(value):
     return None if number == 0 else number
 
 
+def _scan_cpus(cpus, ladder):
+    """Per CPU: the idle states disabled in sysfs, those the ladder governor cannot reach, whether a deep state is
+    usable; and over all CPUs the deepest usable state and the deepest state ever entered (usage > 0).
+
+    Returns ``(disabled, blocked, reachable_on, deepest_enabled, deepest_entered)``."""
+    disabled, blocked, reachable_on = {}, {}, []
+    deepest_enabled, deepest_entered = None, None
+    for cpu, states in sorted(cpus.items()):
+        split = summarize_states(states)
+        lad = _blocked_by_ladder(states) if ladder else set()
+        off = [s["name"] for s in states if s.get("disable")]
+        if off:
+            disabled[cpu] = off
+        if lad:
+            blocked[cpu] = sorted(s["name"] for s in states if s["index"] in lad and not s.get("disable"))
+        usable = [s for s in split["deep"] if not s.get("disable") and s["index"] not in lad]
+        if usable:
+            reachable_on.append(cpu)
+            if deepest_enabled is None or usable[-1]["latency"] > deepest_enabled["latency"]:
+                deepest_enabled = usable[-1]
+        entered = [s for s in states if not is_poll(s) and (s.get("usage") or 0) > 0]
+        if entered and (deepest_entered is None or entered[-1]["index"] > deepest_entered["index"]):
+            deepest_entered = entered[-1]
+    return disabled, blocked, reachable_on, deepest_enabled, deepest_entered
+
+
+def _latency_causes(idle, deep):
+    """The latency limits below every deep state of CPU 0 (``deep``): /dev/cpu_dma_latency held open (PM QoS) and
+    per-CPU ``power/pm_qos_resume_latency_us``."""
+    causes = []
+    shallowest_deep = min(s["latency"] for s in deep if s.get("latency") is not None) \
+        if any(s.get("latency") is not None for s in deep) else None
+    qos = idle["cpu_dma_latency_us"]
+    if qos is not None and shallowest_deep is not None and qos < shallowest_deep:
+        holders = idle["pm_qos_holders"]
+        who = ", ".join("%s (pid %d)" % (h["comm"], h["pid"]) for h in holders) or "no process found holding it"
+        causes.append({"cause": "pm_qos", "value_us": qos, "holders": holders,
+                       "message": "/dev/cpu_dma_latency asks for %d us, below the %d us of every deep state: "
+                       "held open by %s" % (qos, shallowest_deep, who)})
+    limited = {}
+    for cpu, value in sorted(idle["resume_latency_us"].items()):
+        limit = _resume_limit(value)
+        if limit is not None and shallowest_deep is not None and limit < shallowest_deep:
+            limited[cpu] = value
+    if limited:
+        causes.append({"cause": "resume_latency", "cpus": format_cpulist(limited),
+                       "message": "power/pm_qos_resume_latency_us keeps CPUs %s out of deep states (%s)"
+                       % (format_cpulist(limited), ", ".join(sorted(set(limited.values()))))})
+    return causes
+
+
+def _idle_notes(first, states0, deep, disabled, deepest_enabled, deepest_entered):
+    """The notes that do not change the verdict: dgxc-benchmarking's two-states rule, states disabled in sysfs, and
+    deep states enabled but never entered."""
+    notes = []
+    if len(states0) <= 2:
+        notes.append("CPU %d exposes %d idle state(s) (%s): NVIDIA's dgxc-benchmarking check_cpu_cstates warns at two "
+                     "or fewer: active cores may not reach expected boost clocks"
+                     % (first, len(states0), ", ".join(s["name"] for s in states0)))
+    if disabled:
+        notes.append("idle states disabled on CPUs %s (%s)" % (format_cpulist(disabled), ", ".join(
+            sorted(set(n for v in disabled.values() for n in v)))))
+    if deep and deepest_enabled is not None and (deepest_entered is None or deepest_entered["latency"] <
+                                                 min(s["latency"] for s in deep)):
+        notes.append("deep states are enabled but no CPU has entered one (usage 0): a limit not visible here, or "
+                     "CPUs that never idle")
+    return notes
+
+
 def judge_idle(idle, virt):
     """The idle verdict: ``deep_cstate_reachable``, ``limited`` or ``not_visible``, with causes quoting evidence.
 
@@ -314,25 +383,7 @@ def judge_idle(idle, virt):
             causes.append({"cause": "bios", "message": "CPU %d exposes no state deeper than %s (driver %s): the BIOS "
                            "limits C-states; allow C6 (package C-state limit and CPU C6 report in the firmware)"
                            % (first, _describe(halt) if halt else "POLL", idle["driver"])})
-    ladder = idle["governor"] == "ladder"
-    disabled, blocked, reachable_on = {}, {}, []
-    deepest_enabled, deepest_entered = None, None
-    for cpu, states in sorted(cpus.items()):
-        split = summarize_states(states)
-        lad = _blocked_by_ladder(states) if ladder else set()
-        off = [s["name"] for s in states if s.get("disable")]
-        if off:
-            disabled[cpu] = off
-        if lad:
-            blocked[cpu] = sorted(s["name"] for s in states if s["index"] in lad and not s.get("disable"))
-        usable = [s for s in split["deep"] if not s.get("disable") and s["index"] not in lad]
-        if usable:
-            reachable_on.append(cpu)
-            if deepest_enabled is None or usable[-1]["latency"] > deepest_enabled["latency"]:
-                deepest_enabled = usable[-1]
-        entered = [s for s in states if not is_poll(s) and (s.get("usage") or 0) > 0]
-        if entered and (deepest_entered is None or entered[-1]["index"] > deepest_entered["index"]):
-            deepest_entered = entered[-1]
+    disabled, blocked, reachable_on, deepest_enabled, deepest_entered = _scan_cpus(cpus, idle["governor"] == "ladder")
     result["deepest_enabled"] = deepest_enabled and deepest_enabled["name"]
     result["deepest_entered"] = deepest_entered and deepest_entered["name"]
     deep_names = set(s["name"] for s in split0["deep"])
@@ -348,24 +399,7 @@ def judge_idle(idle, virt):
                        "message": "the ladder governor cannot enter %s on CPUs %s: a shallower state is disabled there"
                        % (", ".join(sorted(set(n for v in blocked.values() for n in v))), format_cpulist(blocked))})
     if split0["deep"]:
-        shallowest_deep = min(s["latency"] for s in split0["deep"] if s.get("latency") is not None) \
-            if any(s.get("latency") is not None for s in split0["deep"]) else None
-        qos = idle["cpu_dma_latency_us"]
-        if qos is not None and shallowest_deep is not None and qos < shallowest_deep:
-            holders = idle["pm_qos_holders"]
-            who = ", ".join("%s (pid %d)" % (h["comm"], h["pid"]) for h in holders) or "no process found holding it"
-            causes.append({"cause": "pm_qos", "value_us": qos, "holders": holders,
-                           "message": "/dev/cpu_dma_latency asks for %d us, below the %d us of every deep state: "
-                           "held open by %s" % (qos, shallowest_deep, who)})
-        limited = {}
-        for cpu, value in sorted(idle["resume_latency_us"].items()):
-            limit = _resume_limit(value)
-            if limit is not None and shallowest_deep is not None and limit < shallowest_deep:
-                limited[cpu] = value
-        if limited:
-            causes.append({"cause": "resume_latency", "cpus": format_cpulist(limited),
-                           "message": "power/pm_qos_resume_latency_us keeps CPUs %s out of deep states (%s)"
-                           % (format_cpulist(limited), ", ".join(sorted(set(limited.values()))))})
+        causes.extend(_latency_causes(idle, split0["deep"]))
         limit_causes()
     tuned = idle["tuned"]
     if tuned and tuned["force_latency"] is not None:
@@ -373,17 +407,7 @@ def judge_idle(idle, virt):
                        "message": "tuned profile %s sets force_latency=%s (it holds /dev/cpu_dma_latency while tuned "
                        "runs; tuned is %s)" % (tuned["from"], tuned["force_latency"], "running" if tuned["running"] else
                                                "not running")})
-    if len(states0) <= 2:
-        notes.append("CPU %d exposes %d idle state(s) (%s): NVIDIA's dgxc-benchmarking check_cpu_cstates warns at two "
-                     "or fewer: active cores may not reach expected boost clocks"
-                     % (first, len(states0), ", ".join(s["name"] for s in states0)))
-    if disabled:
-        notes.append("idle states disabled on CPUs %s (%s)" % (format_cpulist(disabled), ", ".join(
-            sorted(set(n for v in disabled.values() for n in v)))))
-    if split0["deep"] and deepest_enabled is not None and (deepest_entered is None or deepest_entered["latency"] <
-                                                           min(s["latency"] for s in split0["deep"])):
-        notes.append("deep states are enabled but no CPU has entered one (usage 0): a limit not visible here, or "
-                     "CPUs that never idle")
+    notes.extend(_idle_notes(first, states0, split0["deep"], disabled, deepest_enabled, deepest_entered))
     blocking = [c for c in causes if not (c["cause"] == "tuned" and not c["running"])]
     result["reachable_cpus"] = format_cpulist(reachable_on)
     result["verdict"] = "deep_cstate_reachable" if split0["deep"] and reachable_on and not blocking else "limited"

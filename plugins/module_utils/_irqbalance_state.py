@@ -267,6 +267,61 @@ def _dir_action(root, path):
     return None
 
 
+def _check_inputs(params):
+    """Raise StateError on a mode that is not one of MODES, or a state_dir or policy_script that is not a safe absolute
+    path (the one validator's path rule, run here too for callers without a module)."""
+    mode = params["mode"]
+    if mode not in MODES:
+        raise StateError("mode %r: expected one of %s" % (mode, ", ".join(MODES)), option="mode", value=mode)
+    for option in ("state_dir", "policy_script"):
+        try:
+            check_path(option, params[option] or "")
+        except InputError as exc:
+            raise StateError(str(exc), **exc.details)
+        if not params[option]:
+            raise StateError("%s %r: expected an absolute path" % (option, params[option]), option=option,
+                             value=params[option], expected="an absolute path")
+
+
+def _previous_lines(found, banned_marker):
+    """The config lines banned mode replaced, from its marker (``{}`` without one); a damaged marker fails."""
+    previous = found["banned"].get("previous", {}) if found["banned"] else {}
+    if not isinstance(previous, dict) or any(v is not None and (not isinstance(v, str) or "\n" in v) for v in previous.values()):
+        raise StateError("marker %s: previous is not a map of config lines: fix or remove it" % banned_marker,
+                         path=banned_marker, value=previous)
+    return previous
+
+
+def _ban(params, root, config, applies, sysfs, run):
+    """Banned mode's plan and the irqbalance facts it starts from; no CPU to ban fails where irqbalance runs."""
+    state = read_irqbalance(root, run=run, sysfs=sysfs, config_file=config)
+    try:
+        ban = plan_ban(state, params["banned_cpus"], ban_isolated=params["ban_isolated"], banned_devices=params["banned_devices"])
+    except IrqbalanceError as exc:
+        raise StateError(str(exc), **exc.details)
+    if applies and not ban["banned_cpulist"]:
+        why = "the host has no isolated/nohz_full CPUs" if params["ban_isolated"] else "irqbalance_ban_isolated is false"
+        raise StateError(
+            "irqbalance_mode=banned needs CPUs to ban: irqbalance_banned_cpus is %s and %s. Expected a CPU list such "
+            'as "4-7", or irqbalance_mode=disabled.' % (json.dumps(params["banned_cpus"]), why),
+            option="banned_cpus", value=params["banned_cpus"], expected="a CPU list such as 4-7")
+    return ban, state
+
+
+def _check_plan(unit, found, mode, root, policy):
+    """Fail before any write: a unit systemd does not know cannot be enabled, started or stopped, and a policy script
+    path (``policy``: one the plan writes or removes, else None) must hold the module's own script or nothing (not
+    /etc/passwd, not a link)."""
+    if any(state is not None or enabled is not None for state, enabled, _m in unit) and \
+            found["props"].get("LoadState", "not-found") == "not-found":
+        raise StateError("Could not find the requested service %s: host (irqbalance_mode=%s)" % (UNIT, mode), value=UNIT)
+    if policy is not None:
+        try:
+            check_own_file("policy_script", rooted(root, policy), POLICY_MARKER)
+        except InputError as exc:
+            raise StateError(str(exc), **exc.details)
+
+
 def plan(params, root, found, sysfs=None, detect=None, run=None):
     """Decide everything for one pass. Raises StateError (before any change) on bad input.
 
@@ -277,23 +332,10 @@ def plan(params, root, found, sysfs=None, detect=None, run=None):
     changes, restart rule, config_file, ban plan and facts.
     """
     mode, status = params["mode"], found["status"]
-    if mode not in MODES:
-        raise StateError("mode %r: expected one of %s" % (mode, ", ".join(MODES)), option="mode", value=mode)
+    _check_inputs(params)
     state_dir, policy = params["state_dir"], params["policy_script"]
-    for option in ("state_dir", "policy_script"):
-        # The characters are the one validator's path rule (_validate); run here too, for callers without a module.
-        try:
-            check_path(option, params[option] or "")
-        except InputError as exc:
-            raise StateError(str(exc), **exc.details)
-        if not params[option]:
-            raise StateError("%s %r: expected an absolute path" % (option, params[option]), option=option,
-                             value=params[option], expected="an absolute path")
     mask_marker, banned_marker = join(state_dir, MASK_MARKER), join(state_dir, BANNED_MARKER)
-    previous = found["banned"].get("previous", {}) if found["banned"] else {}
-    if not isinstance(previous, dict) or any(v is not None and (not isinstance(v, str) or "\n" in v) for v in previous.values()):
-        raise StateError("marker %s: previous is not a map of config lines: fix or remove it" % banned_marker,
-                         path=banned_marker, value=previous)
+    previous = _previous_lines(found, banned_marker)
     undo_ban = bool(found["banned"])
     applies = status["installed"] or status["masked_by_role"] or undo_ban
     out = {"config_file": None, "ban": None, "facts": None, "unit": [], "restart": "never", "dirs": []}
@@ -304,18 +346,7 @@ def plan(params, root, found, sysfs=None, detect=None, run=None):
         config = config_path(params["config_file"], params["os_family"], detect)
         out["config_file"] = config
     if mode == "banned":
-        state = read_irqbalance(root, run=run, sysfs=sysfs, config_file=config)
-        try:
-            ban = plan_ban(state, params["banned_cpus"], ban_isolated=params["ban_isolated"], banned_devices=params["banned_devices"])
-        except IrqbalanceError as exc:
-            raise StateError(str(exc), **exc.details)
-        out["ban"], out["facts"] = ban, state
-        if applies and not ban["banned_cpulist"]:
-            why = "the host has no isolated/nohz_full CPUs" if params["ban_isolated"] else "irqbalance_ban_isolated is false"
-            raise StateError(
-                "irqbalance_mode=banned needs CPUs to ban: irqbalance_banned_cpus is %s and %s. Expected a CPU list such "
-                'as "4-7", or irqbalance_mode=disabled.' % (json.dumps(params["banned_cpus"]), why),
-                option="banned_cpus", value=params["banned_cpus"], expected="a CPU list such as 4-7")
+        out["ban"], out["facts"] = _ban(params, root, config, applies, sysfs, run)
 
     current = _read_bytes(rooted(root, config)) if config else None
     if not applies:
@@ -361,16 +392,7 @@ def plan(params, root, found, sysfs=None, detect=None, run=None):
         remove.append(mask_marker)
         out["restart"] = "always"
 
-    # A unit systemd does not know cannot be enabled, started or stopped: fail now, not after the writes.
-    if any(state is not None or enabled is not None for state, enabled, _m in out["unit"]) and \
-            found["props"].get("LoadState", "not-found") == "not-found":
-        raise StateError("Could not find the requested service %s: host (irqbalance_mode=%s)" % (UNIT, mode), value=UNIT)
-    if policy in files or policy in remove:
-        # Written or removed as the module's own: whatever else is there (/etc/passwd, a link) is refused.
-        try:
-            check_own_file("policy_script", rooted(root, policy), POLICY_MARKER)
-        except InputError as exc:
-            raise StateError(str(exc), **exc.details)
+    _check_plan(out["unit"], found, mode, root, policy if policy in files or policy in remove else None)
     out["files"] = files
     out["actions"] = plan_files(files, remove, root)
     out["dir_actions"] = [a for a in (_dir_action(root, d) for d in out["dirs"]) if a]

@@ -227,6 +227,27 @@ def _isolation(params, state, previous):
     return parse_parameters(values), parse_parameters([k for k in drop if k in had], check_values=False)
 
 
+def _plan_grub(params, root, run, managed, previous, marker, warnings, out):
+    """grub_debian's plan: the drop-in, the edited assignment lines and the marker's data; ``out`` gets the configured
+    line before and after. ``run`` is None on a tree: its GRUB files reach no shell. Returns (files, remove, data)."""
+    decided = grub.plan(root, run, managed, previous.get("edits") or [], params["dropin_name"],
+                        marker, warnings)
+    files = dict((p, (text.encode("utf-8", "surrogateescape"), _mode(root, p))) for p, text in decided["files"].items())
+    dropin = grub.dropin_path(params["dropin_name"])
+    if dropin in files:
+        files[dropin] = (files[dropin][0], 0o644)
+    remove = list(decided["remove"])
+    if dropin in files or dropin in remove:
+        # Written or removed as the module's own (issue 27): a distribution's drop-in of that name is refused.
+        try:
+            check_own_file("dropin_name", rooted(root, dropin), grub.DROPIN_HEADER.split(":", 1)[0])
+        except InputError as exc:
+            raise KernelCmdlineError(str(exc), **exc.details)
+    data = {"edits": decided["edits"]} if managed or decided["edits"] else None
+    out.update(before=decided["before"], after=decided["after"])
+    return files, remove, data
+
+
 def prepare(params, run, check, live, which, procfs="/proc"):
     """Check every input and plan the run; raises KernelCmdlineError before anything changes."""
     check_options(params)
@@ -266,21 +287,7 @@ def prepare(params, run, check, live, which, procfs="/proc"):
            "bootloader": bootloader, "marker": marker, "managed": managed, "released": released,
            "running": running, "warnings": warnings, "commands": [], "argvs": []}
     if bootloader == "grub_debian":
-        decided = grub.plan(root, run if live else None, managed, previous.get("edits") or [], params["dropin_name"],
-                            marker, warnings)     # run None: on a tree the GRUB files reach no shell
-        files = dict((p, (text.encode("utf-8", "surrogateescape"), _mode(root, p))) for p, text in decided["files"].items())
-        dropin = grub.dropin_path(params["dropin_name"])
-        if dropin in files:
-            files[dropin] = (files[dropin][0], 0o644)
-        remove = list(decided["remove"])
-        if dropin in files or dropin in remove:
-            # Written or removed as the module's own (issue 27): a distribution's drop-in of that name is refused.
-            try:
-                check_own_file("dropin_name", rooted(root, dropin), grub.DROPIN_HEADER.split(":", 1)[0])
-            except InputError as exc:
-                raise KernelCmdlineError(str(exc), **exc.details)
-        data = {"edits": decided["edits"]} if managed or decided["edits"] else None
-        out.update(before=decided["before"], after=decided["after"])
+        files, remove, data = _plan_grub(params, root, run if live else None, managed, previous, marker, warnings, out)
     else:
         entries, default = grubby.read(run)
         old = previous.get("previous") or {}

@@ -545,33 +545,10 @@ def _check_record(rec, marker):
 
 # ------------------------------------------------------------------ plan --
 
-def plan(root, run, managed, previous, dropin_name, marker, warnings):
-    """Everything a grub_debian run changes, checked before anything is written.
-
-    ``managed``: key -> parameter the module manages after this run;
-    ``previous``: the edit records of the marker. Returns a dict with
-    ``files`` ({path: text}) and ``remove`` (paths) for the configuration,
-    ``edits`` (records for the marker), ``before``/``after`` (the configured
-    parameters), and the texts as found (``texts``). Raises KernelCmdlineError.
-    """
-    dropin = dropin_path(dropin_name)
-    paths = config_files(root)
-    base_paths = [p for p in paths if p != dropin]
-    for path in base_paths:
-        check_syntax(run, root, path)
-    texts = dict((p, _read(root, p)) for p in paths)
-    keys = set(managed)
-    base = configured(evaluate(run, root, [(p, None) for p in base_paths]))
-    before = base
-    if dropin in paths:
-        try:
-            before = configured(evaluate(run, root, [(p, None) for p in paths]))
-        except KernelCmdlineError as exc:
-            warnings.append("the drop-in %s does not evaluate (%s); it is rewritten" % (dropin, exc))
-
-    new = dict((p, texts[p]) for p in base_paths)
+def _put_back(previous, new, keys, marker, warnings):
+    """Lines this module edited before (the marker's records ``previous``): back to the recorded line, less the keys
+    still managed, in ``new`` ({path: text}). Returns (records, restored parameters, {(path, index): record})."""
     records, restored, owner = [], [], {}
-    # Lines this module edited before: back to the recorded line, less the keys still managed.
     for rec in previous:
         _check_record(rec, marker)
         path = rec["file"]
@@ -596,8 +573,12 @@ def plan(root, run, managed, previous, dropin_name, marker, warnings):
             record = _record(path, rec["variable"], idx, rec["before"], target, removed)
             records.append(record)
             owner[(path, idx)] = record
+    return records, restored, owner
 
-    # Managed keys anywhere else in the files sourced before: removed from the line that sets them.
+
+def _strip_managed(base_paths, new, keys, records, owner):
+    """Managed keys anywhere else in the files sourced before the drop-in: removed from the line that sets them (in
+    ``new``), each edit recorded; a line this module cannot edit safely fails."""
     for path in base_paths:
         lines = new[path].splitlines(True)
         continued = False
@@ -625,6 +606,35 @@ def plan(root, run, managed, previous, dropin_name, marker, warnings):
                 records.append(record)
                 owner[(path, idx)] = record
         new[path] = "".join(lines)
+
+
+def plan(root, run, managed, previous, dropin_name, marker, warnings):
+    """Everything a grub_debian run changes, checked before anything is written.
+
+    ``managed``: key -> parameter the module manages after this run;
+    ``previous``: the edit records of the marker. Returns a dict with
+    ``files`` ({path: text}) and ``remove`` (paths) for the configuration,
+    ``edits`` (records for the marker), ``before``/``after`` (the configured
+    parameters), and the texts as found (``texts``). Raises KernelCmdlineError.
+    """
+    dropin = dropin_path(dropin_name)
+    paths = config_files(root)
+    base_paths = [p for p in paths if p != dropin]
+    for path in base_paths:
+        check_syntax(run, root, path)
+    texts = dict((p, _read(root, p)) for p in paths)
+    keys = set(managed)
+    base = configured(evaluate(run, root, [(p, None) for p in base_paths]))
+    before = base
+    if dropin in paths:
+        try:
+            before = configured(evaluate(run, root, [(p, None) for p in paths]))
+        except KernelCmdlineError as exc:
+            warnings.append("the drop-in %s does not evaluate (%s); it is rewritten" % (dropin, exc))
+
+    new = dict((p, texts[p]) for p in base_paths)
+    records, restored, owner = _put_back(previous, new, keys, marker, warnings)
+    _strip_managed(base_paths, new, keys, records, owner)
 
     changed = [p for p in base_paths if new[p] != texts[p]]
     after_base = configured(evaluate(run, root, [(p, new[p] if p in changed else None) for p in base_paths])) \

@@ -748,6 +748,59 @@ def _fmt_pct(value):
     return "n/a" if value is None else "%+.1f%%" % value
 
 
+def _named_sizes(measured, labels, baseline, sizes):
+    """The sizes a recommendation is judged at: ``sizes`` parsed, else the sizes every label measured; each must be
+    one the baseline measured."""
+    if sizes is None:
+        common = set(measured[labels[0]])
+        for label in labels[1:]:
+            common &= set(measured[label])
+        if not common:
+            raise NcclTestsError("the labels have no message size in common", value=labels, expected="runs that measured the same sizes")
+        named = sorted(common)
+    else:
+        if isinstance(sizes, (str, int)):
+            sizes = [sizes]
+        named = sorted(set(parse_size(size) for size in sizes))
+        if not named:
+            raise NcclTestsError("sizes is empty", value=sizes, expected="at least one message size")
+    for size in named:
+        if size not in measured[baseline]:
+            raise NcclTestsError(
+                "baseline %r has no row of size %d bytes (sizes measured: %s)" % (
+                    baseline, size, ", ".join(str(s) for s in sorted(measured[baseline]))),
+                value=size, expected="one of the baseline's sizes: %s" % ", ".join(str(s) for s in sorted(measured[baseline])),
+            )
+    return named
+
+
+def _candidate(mine, base_rows, named, margin):
+    """Whether a label (its rows ``mine`` by size) beats the baseline's (``base_rows``) by ``margin`` percent at every
+    named size, its smallest gain and where, and why."""
+    worst, why, ok = None, None, True
+    for size in named:
+        got = mine.get(size)
+        if got is None:
+            ok, why = False, "no row of size %d" % size
+            worst = (size, None)
+            break
+        base = base_rows[size]["busbw_gbps"]
+        gain = _pct(got["busbw_gbps"], base)
+        beats = got["busbw_gbps"] > 0 if gain is None else gain >= margin
+        if worst is None or (gain is not None and (worst[1] is None or gain < worst[1])):
+            worst = (size, gain)
+        if not beats and ok:
+            ok, why = False, "%s at %d B (needs %+.1f%%)" % (_fmt_pct(gain), size, margin)
+    if ok:
+        why = "at least %+.1f%% at every named size (smallest %s at %d B)" % (margin, _fmt_pct(worst[1]), worst[0])
+    return {
+        "qualifies": ok,
+        "min_gain_pct": None if worst is None else worst[1],
+        "worst_size": None if worst is None else worst[0],
+        "why": why,
+    }
+
+
 def sweep_compare(labelled, baseline, sizes=None, margin_pct=5.0, placement="out_of_place", test=None, datatype=None, redop=None,
                   aggregate="median"):
     """Side by side busbw per size for several labelled runs, and a recommendation.
@@ -771,26 +824,7 @@ def sweep_compare(labelled, baseline, sizes=None, margin_pct=5.0, placement="out
     measured = {}
     for label, data in items:
         measured[label] = busbw_by_size(data, placement, test, datatype, redop, aggregate, what="label %r" % label)
-    if sizes is None:
-        common = set(measured[labels[0]])
-        for label in labels[1:]:
-            common &= set(measured[label])
-        if not common:
-            raise NcclTestsError("the labels have no message size in common", value=labels, expected="runs that measured the same sizes")
-        named = sorted(common)
-    else:
-        if isinstance(sizes, (str, int)):
-            sizes = [sizes]
-        named = sorted(set(parse_size(size) for size in sizes))
-        if not named:
-            raise NcclTestsError("sizes is empty", value=sizes, expected="at least one message size")
-    for size in named:
-        if size not in measured[baseline]:
-            raise NcclTestsError(
-                "baseline %r has no row of size %d bytes (sizes measured: %s)" % (
-                    baseline, size, ", ".join(str(s) for s in sorted(measured[baseline]))),
-                value=size, expected="one of the baseline's sizes: %s" % ", ".join(str(s) for s in sorted(measured[baseline])),
-            )
+    named = _named_sizes(measured, labels, baseline, sizes)
     all_sizes = sorted(set(size for label in labels for size in measured[label]))
     table = []
     for size in all_sizes:
@@ -805,28 +839,7 @@ def sweep_compare(labelled, baseline, sizes=None, margin_pct=5.0, placement="out
     for label in labels:
         if label == baseline:
             continue
-        worst, why, ok = None, None, True
-        for size in named:
-            got = measured[label].get(size)
-            if got is None:
-                ok, why = False, "no row of size %d" % size
-                worst = (size, None)
-                break
-            base = measured[baseline][size]["busbw_gbps"]
-            gain = _pct(got["busbw_gbps"], base)
-            beats = got["busbw_gbps"] > 0 if gain is None else gain >= margin
-            if worst is None or (gain is not None and (worst[1] is None or gain < worst[1])):
-                worst = (size, gain)
-            if not beats and ok:
-                ok, why = False, "%s at %d B (needs %+.1f%%)" % (_fmt_pct(gain), size, margin)
-        if ok:
-            why = "at least %+.1f%% at every named size (smallest %s at %d B)" % (margin, _fmt_pct(worst[1]), worst[0])
-        candidates[label] = {
-            "qualifies": ok,
-            "min_gain_pct": None if worst is None else worst[1],
-            "worst_size": None if worst is None else worst[0],
-            "why": why,
-        }
+        candidates[label] = _candidate(measured[label], measured[baseline], named, margin)
     winners = [label for label in labels if candidates.get(label, {}).get("qualifies")]
     if winners:
         best = max(winners, key=lambda label: (float("inf") if candidates[label]["min_gain_pct"] is None else candidates[label]["min_gain_pct"],

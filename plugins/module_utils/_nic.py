@@ -422,6 +422,52 @@ def _candidates_text(entries):
     ) or "none"
 
 
+def _by_cidr(value, by_name, procfs, run, notes):
+    """The eligible interfaces with an address in the network ``value`` (from ``ip`` when it runs, else /proc/net),
+    a VLAN or bond resolved to its physical NICs; and the words for an error."""
+    try:
+        network = ipaddress.ip_network(str(value), strict=False)
+    except ValueError:
+        raise NicError("cidr %r is not a network" % (value,), value=value, expected="an IPv4 or IPv6 network such as 10.0.0.0/24")
+    addresses = _addresses_from_ip(run) if run is not None else None
+    if addresses is None:
+        addresses = _addresses_from_proc(procfs)
+        notes.append("addresses read from /proc/net (fib_trie, if_inet6)")
+    names = set()
+    for iface, addrs in addresses.items():
+        if any(a.version == network.version and a.ip in network for a in addrs):
+            names.update(_resolve_lower(iface, by_name))
+    matches = [by_name[n] for n in sorted(names) if n in by_name and by_name[n]["eligible"]]
+    what = "an address in %s" % network
+    return matches, what
+
+
+def _by_default_route(procfs, by_name, eligible, notes):
+    """The eligible interfaces under the default route (a VLAN or bond resolved to its physical NICs), the words for
+    an error and the route's interface names; no default route, or one on no physical NIC, fails."""
+    names, source = default_route_interfaces(procfs)
+    if not names:
+        raise NicError(
+            "no interface, pci_address, mac or cidr given and there is no default route",
+            value=None, expected="a selector, or a default route in %s" % join(procfs, "net/route"),
+            candidates=[e["interface"] for e in eligible],
+        )
+    physical = set()
+    for name in names:
+        resolved = _resolve_lower(name, by_name)
+        if resolved != [name]:
+            notes.append("default route interface %s resolved to %s" % (name, ", ".join(resolved) or "nothing"))
+        physical.update(resolved)
+    matches = [by_name[n] for n in sorted(physical) if n in by_name and by_name[n]["eligible"]]
+    what = "the %s (%s)" % (source, ", ".join(names))
+    if not matches:
+        raise NicError(
+            "%s is not on a physical Ethernet NIC" % what, value=names,
+            expected="a selector naming one of: " + _candidates_text(eligible), candidates=[e["interface"] for e in eligible],
+        )
+    return matches, what, names
+
+
 def select_interface(selector, procfs="/proc", sysfs="/sys", run=None):
     """Return ``(interface, how, notes)`` for a selector dict, or raise NicError (TreeError for unreadable /proc/net)."""
     check_selector(selector)
@@ -463,44 +509,11 @@ def select_interface(selector, procfs="/proc", sysfs="/sys", run=None):
         value = selector["mac"]
     elif "cidr" in selector:
         value = selector["cidr"]
-        try:
-            network = ipaddress.ip_network(str(value), strict=False)
-        except ValueError:
-            raise NicError("cidr %r is not a network" % (value,), value=value, expected="an IPv4 or IPv6 network such as 10.0.0.0/24")
-        addresses = _addresses_from_ip(run) if run is not None else None
-        if addresses is None:
-            addresses = _addresses_from_proc(procfs)
-            notes.append("addresses read from /proc/net (fib_trie, if_inet6)")
-        names = set()
-        for iface, addrs in addresses.items():
-            if any(a.version == network.version and a.ip in network for a in addrs):
-                names.update(_resolve_lower(iface, by_name))
-        matches = [by_name[n] for n in sorted(names) if n in by_name and by_name[n]["eligible"]]
+        matches, what = _by_cidr(value, by_name, procfs, run, notes)
         how = "cidr"
-        what = "an address in %s" % network
     else:
-        names, source = default_route_interfaces(procfs)
-        if not names:
-            raise NicError(
-                "no interface, pci_address, mac or cidr given and there is no default route",
-                value=None, expected="a selector, or a default route in %s" % join(procfs, "net/route"),
-                candidates=[e["interface"] for e in eligible],
-            )
-        physical = set()
-        for name in names:
-            resolved = _resolve_lower(name, by_name)
-            if resolved != [name]:
-                notes.append("default route interface %s resolved to %s" % (name, ", ".join(resolved) or "nothing"))
-            physical.update(resolved)
-        matches = [by_name[n] for n in sorted(physical) if n in by_name and by_name[n]["eligible"]]
+        matches, what, value = _by_default_route(procfs, by_name, eligible, notes)
         how = "default_route"
-        what = "the %s (%s)" % (source, ", ".join(names))
-        value = names
-        if not matches:
-            raise NicError(
-                "%s is not on a physical Ethernet NIC" % what, value=names,
-                expected="a selector naming one of: " + _candidates_text(eligible), candidates=[e["interface"] for e in eligible],
-            )
     if len(matches) == 1:
         return matches[0]["interface"], how, notes
     if not matches:
@@ -590,37 +603,8 @@ def _check_owner(number, row, pci, path):
         )
 
 
-def read_nic(selector, procfs="/proc", sysfs="/sys", run=None, interrupts_text=None):
-    """Everything needed to pin one NIC's IRQs; see the module's RETURN for keys.
-
-    ``selector`` is a dict with at most one of interface, pci_address, mac,
-    cidr (empty: the default-route interface). ``interrupts_text`` lets a
-    caller that already read ``/proc/interrupts`` pass it in.
-    """
-    iface, how, notes = select_interface(selector, procfs=procfs, sysfs=sysfs, run=run)
-    net = join(sysfs, "class/net", iface)
-    pci, pci_dir = _pci_function(sysfs, iface)
-    driver = link_name(join(net, "device/driver"))
-    result = {
-        "interface": iface,
-        "selected_by": how,
-        "ifindex": read_int(join(net, "ifindex")),
-        "mac": (read_text(join(net, "address")) or "").lower() or None,
-        "operstate": read_text(join(net, "operstate")),
-        "mtu": read_int(join(net, "mtu")),
-        "speed_mbps": None,
-        "driver": driver,
-        "pci_address": pci,
-        "pci_driver": None,
-        "numa_node": None,
-        "local_cpulist": [],
-        "queues": {},
-        "irqs": [],
-        "notes": notes,
-    }
-    speed = read_int(join(net, "speed"))
-    result["speed_mbps"] = speed if speed is not None and speed > 0 else None
-
+def _queues(net, iface, run, notes):
+    """The RX and TX queue counts sysfs shows and the channels ``ethtool -l`` reports (where it runs)."""
     rx = [n for n in list_dir(join(net, "queues")) if n.startswith("rx-")]
     tx = [n for n in list_dir(join(net, "queues")) if n.startswith("tx-")]
     queues = {"sysfs_rx": len(rx), "sysfs_tx": len(tx)}
@@ -632,19 +616,12 @@ def read_nic(selector, procfs="/proc", sysfs="/sys", run=None, interrupts_text=N
         else:
             notes.append("ethtool -l %s failed (rc %s): %s" % (iface, rc, (err or out or "").strip()[:200]))
     queues.update(channels)
-    result["queues"] = queues
+    return queues
 
-    if pci_dir is None:
-        notes.append("%s has no PCI function (not a PCI device); no IRQs can be listed" % iface)
-        return result
-    result["pci_driver"] = link_name(join(pci_dir, "driver"))
-    node = read_int(join(pci_dir, "numa_node"))
-    if node is None or node < 0:
-        notes.append("PCI function %s reports numa_node %s: the firmware gives no NUMA hint" % (pci, "-1" if node is not None else "missing"))
-        node = None
-    result["numa_node"] = node
-    result["local_cpulist"] = read_cpulist(join(pci_dir, "local_cpulist"), default=[])
 
+def _irq_entries(procfs, sysfs, pci, pci_dir, interrupts_text, notes):
+    """The PCI function's IRQs (its MSI/MSI-X vectors, else its legacy IRQ), each with its /proc/interrupts row, its
+    affinity and per-CPU counts; a vector whose row names another device fails."""
     numbers = sorted(int(n) for n in list_dir(join(pci_dir, "msi_irqs")) if n.isdigit())
     msi = bool(numbers)
     if not numbers:
@@ -679,6 +656,54 @@ def read_nic(selector, procfs="/proc", sysfs="/sys", run=None, interrupts_text=N
         )
         if row is None:
             notes.append("IRQ %d of %s is not in /proc/interrupts (vector allocated, no handler)" % (number, pci))
+    return entries
+
+
+def read_nic(selector, procfs="/proc", sysfs="/sys", run=None, interrupts_text=None):
+    """Everything needed to pin one NIC's IRQs; see the module's RETURN for keys.
+
+    ``selector`` is a dict with at most one of interface, pci_address, mac,
+    cidr (empty: the default-route interface). ``interrupts_text`` lets a
+    caller that already read ``/proc/interrupts`` pass it in.
+    """
+    iface, how, notes = select_interface(selector, procfs=procfs, sysfs=sysfs, run=run)
+    net = join(sysfs, "class/net", iface)
+    pci, pci_dir = _pci_function(sysfs, iface)
+    driver = link_name(join(net, "device/driver"))
+    result = {
+        "interface": iface,
+        "selected_by": how,
+        "ifindex": read_int(join(net, "ifindex")),
+        "mac": (read_text(join(net, "address")) or "").lower() or None,
+        "operstate": read_text(join(net, "operstate")),
+        "mtu": read_int(join(net, "mtu")),
+        "speed_mbps": None,
+        "driver": driver,
+        "pci_address": pci,
+        "pci_driver": None,
+        "numa_node": None,
+        "local_cpulist": [],
+        "queues": {},
+        "irqs": [],
+        "notes": notes,
+    }
+    speed = read_int(join(net, "speed"))
+    result["speed_mbps"] = speed if speed is not None and speed > 0 else None
+
+    result["queues"] = _queues(net, iface, run, notes)
+
+    if pci_dir is None:
+        notes.append("%s has no PCI function (not a PCI device); no IRQs can be listed" % iface)
+        return result
+    result["pci_driver"] = link_name(join(pci_dir, "driver"))
+    node = read_int(join(pci_dir, "numa_node"))
+    if node is None or node < 0:
+        notes.append("PCI function %s reports numa_node %s: the firmware gives no NUMA hint" % (pci, "-1" if node is not None else "missing"))
+        node = None
+    result["numa_node"] = node
+    result["local_cpulist"] = read_cpulist(join(pci_dir, "local_cpulist"), default=[])
+
+    entries = _irq_entries(procfs, sysfs, pci, pci_dir, interrupts_text, notes)
     classify_irqs(entries, driver)
     entries.sort(key=lambda e: (e["kind"], -1 if e["queue"] is None else e["queue"], e["irq"]))
     result["irqs"] = entries

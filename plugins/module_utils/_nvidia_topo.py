@@ -122,6 +122,87 @@ def _row_links(label, tokens, devices, line):
     return dict((dev, link) for dev, link in zip(devices, links) if dev != label), rest
 
 
+def _read_sections(lines, devices):
+    """The lines after the header: the matrix rows (``{device: (links, rest, line)}``), then the ``Legend:`` and
+    ``NIC Legend:`` sections; anything else ends the section it is in (a prompt, the next command)."""
+    rows = {}
+    legend = {}
+    nic_legend = {}
+    section = "matrix"
+    for line in lines:
+        stripped = line.strip()
+        if stripped == "Legend:":
+            section = "legend"
+            continue
+        if stripped == "NIC Legend:":
+            section = "nic_legend"
+            continue
+        if not stripped:
+            continue
+        if section == "matrix":
+            tokens = stripped.split()
+            if tokens[0] in devices:
+                if tokens[0] in rows:
+                    raise TopoError("row %s appears twice" % tokens[0], value=line, expected="one row per device")
+                rows[tokens[0]] = _row_links(tokens[0], tokens[1:], devices, line) + (line,)
+            else:
+                section = "after"  # the matrix ended (prompt, next command)
+        elif section == "legend":
+            match = _LEGEND_RE.match(line)
+            if match:
+                legend[match.group(1)] = match.group(2)
+            else:
+                section = "after"
+        elif section == "nic_legend":
+            match = _NIC_LEGEND_RE.match(line)
+            if match:
+                nic_legend[match.group(1)] = match.group(2)
+            else:
+                section = "after"
+    return rows, legend, nic_legend
+
+
+def _gpu_row(name, row, trailing, notes):
+    """One GPU's entry from its row ``(links, rest, line)``: the links and the values after them (CPU and NUMA
+    affinity, GPU NUMA ID). A value that cannot be read is None, kept under ``unreadable`` and said in ``notes``."""
+    links, rest, line = row
+    if len(rest) > len(trailing):
+        raise TopoError(
+            "row %s has %d cells after its links for the %d columns %s" % (name, len(rest), len(trailing), ", ".join(trailing) or "(none)"),
+            value=line,
+            expected="one value per column after the links",
+        )
+    values = dict(zip(trailing, rest))
+    unreadable = {}
+    cpus = values.get("CPU Affinity")
+    cpu_affinity = None
+    if cpus not in _NA:
+        try:
+            cpu_affinity = set(parse_cpulist(cpus))
+        except CpuListError as exc:
+            # A clipped or damaged cell (``0-23,48-``): the links of the row still hold; only this GPU's
+            # affinity is unknown.
+            unreadable["CPU Affinity"] = cpus
+            notes.append("CPU Affinity of %s is %r, not a CPU list (%s): its CPU affinity is unknown, its links are "
+                         "kept" % (name, cpus, exc))
+    numa = {}
+    for column in ("NUMA Affinity", "GPU NUMA ID"):
+        try:
+            numa[column] = _int_or_none(values.get(column, ""), column, name)
+        except TopoError as exc:
+            numa[column] = None
+            unreadable[column] = values[column]
+            notes.append("%s: it is unknown, the links of %s are kept" % (exc, name))
+    return {
+        "name": name,
+        "links": links,
+        "cpu_affinity": cpu_affinity,
+        "numa_affinity": numa["NUMA Affinity"],
+        "gpu_numa_id": numa["GPU NUMA ID"],
+        "unreadable": unreadable,
+    }
+
+
 def parse_topo_matrix(text):
     """Parse ``nvidia-smi topo -m`` output.
 
@@ -155,85 +236,15 @@ def parse_topo_matrix(text):
             expected="a header such as 'GPU0 GPU1 NIC0 CPU Affinity NUMA Affinity' and one row per device",
         )
     devices, trailing = _parse_header(lines[header_at].split(), lines[header_at])
-    rows = {}
-    legend = {}
-    nic_legend = {}
-    section = "matrix"
-    for line in lines[header_at + 1:]:
-        stripped = line.strip()
-        if stripped == "Legend:":
-            section = "legend"
-            continue
-        if stripped == "NIC Legend:":
-            section = "nic_legend"
-            continue
-        if not stripped:
-            continue
-        if section == "matrix":
-            tokens = stripped.split()
-            if tokens[0] in devices:
-                if tokens[0] in rows:
-                    raise TopoError("row %s appears twice" % tokens[0], value=line, expected="one row per device")
-                rows[tokens[0]] = _row_links(tokens[0], tokens[1:], devices, line) + (line,)
-            else:
-                section = "after"  # the matrix ended (prompt, next command)
-        elif section == "legend":
-            match = _LEGEND_RE.match(line)
-            if match:
-                legend[match.group(1)] = match.group(2)
-            else:
-                section = "after"
-        elif section == "nic_legend":
-            match = _NIC_LEGEND_RE.match(line)
-            if match:
-                nic_legend[match.group(1)] = match.group(2)
-            else:
-                section = "after"
+    rows, legend, nic_legend = _read_sections(lines[header_at + 1:], devices)
     gpu_columns = [d for d in devices if _GPU_RE.match(d)]
     missing = [d for d in gpu_columns if d not in rows]
     if missing:
         raise TopoError(
             "topo matrix has no row for %s" % ", ".join(missing), value=text[:200], expected="a row for every GPU column of the header"
         )
-    gpus = {}
     notes = []
-    for name in gpu_columns:
-        links, rest, line = rows[name]
-        if len(rest) > len(trailing):
-            raise TopoError(
-                "row %s has %d cells after its links for the %d columns %s" % (name, len(rest), len(trailing), ", ".join(trailing) or "(none)"),
-                value=line,
-                expected="one value per column after the links",
-            )
-        values = dict(zip(trailing, rest))
-        unreadable = {}
-        cpus = values.get("CPU Affinity")
-        cpu_affinity = None
-        if cpus not in _NA:
-            try:
-                cpu_affinity = set(parse_cpulist(cpus))
-            except CpuListError as exc:
-                # A clipped or damaged cell (``0-23,48-``): the links of the row still hold; only this GPU's
-                # affinity is unknown.
-                unreadable["CPU Affinity"] = cpus
-                notes.append("CPU Affinity of %s is %r, not a CPU list (%s): its CPU affinity is unknown, its links are "
-                             "kept" % (name, cpus, exc))
-        numa = {}
-        for column in ("NUMA Affinity", "GPU NUMA ID"):
-            try:
-                numa[column] = _int_or_none(values.get(column, ""), column, name)
-            except TopoError as exc:
-                numa[column] = None
-                unreadable[column] = values[column]
-                notes.append("%s: it is unknown, the links of %s are kept" % (exc, name))
-        gpus[int(_GPU_RE.match(name).group(1))] = {
-            "name": name,
-            "links": links,
-            "cpu_affinity": cpu_affinity,
-            "numa_affinity": numa["NUMA Affinity"],
-            "gpu_numa_id": numa["GPU NUMA ID"],
-            "unreadable": unreadable,
-        }
+    gpus = dict((int(_GPU_RE.match(name).group(1)), _gpu_row(name, rows[name], trailing, notes)) for name in gpu_columns)
     nics = {}
     for name in devices:
         if _GPU_RE.match(name):

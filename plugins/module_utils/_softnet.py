@@ -169,46 +169,14 @@ def processes_on(signals, irq_cpus, tasks_first, tasks_second, procfs, min_user_
     return {"irq_cpus": on_cpus(rows, busy, signals["elapsed"], procfs=procfs) if tasks_second else [], "notes": notes}
 
 
-def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep, clock=time.monotonic):
-    """Read the NIC, sample every signal twice ``interval`` seconds apart, judge.
-
-    ``options`` holds the module options (selector keys, ``irq_cpus``,
-    ``interval``, the thresholds, ``link_speed_mbps``). Reads only. Raises
-    SoftnetError for bad options or unreadable proc files, and NicError when
-    an explicit selector matches no usable NIC. Without a selector, a missing
-    default-route NIC degrades to an ``inconclusive`` verdict instead (or
-    ``idle`` on a host without load or traffic).
-    """
-    interval, irq_option, thresholds, speed_option = validate_options(options)
-    selector = dict((key, options.get(key)) for key in SELECTOR_KEYS if options.get(key) not in (None, ""))
-    notes = []
-    nic = None
-    why = None
-    try:
-        nic = read_nic(selector, procfs=procfs, sysfs=sysfs, run=run)
-    except NicError as exc:
-        if selector:
-            raise
-        why = "NIC discovery failed: %s" % exc
-        notes.append(why)
-    if nic is not None:
-        notes.extend(nic.get("notes") or [])
-
-    topology = read_topology(sysfs=sysfs, procfs=procfs)
-    online = topology["online"]
-    affinity_cpus, affinity_source, affinity_notes = irq_cpus_from_nic(nic)
+def _choose_irq_cpus(irq_option, fired, affinity, nic, online, notes):
+    """The IRQ CPUs of the verdict and where they come from: the ``irq_cpus`` option, else the CPUs on which the
+    NIC's queue IRQs fired during the sample (``interrupts``), else the affinity files. Appends what the reader should
+    know to ``notes``. ``affinity`` is irq_cpus_from_nic's answer. Returns ``(irq_cpus, source, why)``; ``why``
+    says why there are none (else None)."""
+    affinity_cpus, affinity_source, affinity_notes = affinity
     interface = nic["interface"] if nic else None
-    speed = speed_option if speed_option is not None else (nic or {}).get("speed_mbps")
-
-    # The threads are read just outside the window, so that reading them is not user work inside it.
-    tasks_first = read_tasks(procfs)
-    first = read_sample(procfs, clock=clock)
-    sleep(interval)
-    second = read_sample(procfs, clock=clock)
-    tasks_second = read_tasks(procfs)
-
-    fired, fired_notes = irq_cpus_fired(nic, first.get("interrupts"), second.get("interrupts"))
-    notes.extend(fired_notes)
+    why = None
     if irq_option is not None:
         irq_cpus, source = irq_option, "option"
         offline = sorted(set(irq_cpus) - set(online))
@@ -238,7 +206,73 @@ def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep,
                 queue_count,
                 "" if nic.get("pci_address") else ", it has no PCI function",
             )
+    return irq_cpus, source, why
 
+
+def _read_nic_softly(selector, procfs, sysfs, run, notes):
+    """The NIC, or (None, why) when the default-route NIC cannot be found; an explicit selector that matches no usable
+    NIC raises. The NIC's notes and the failure go to ``notes``."""
+    try:
+        nic = read_nic(selector, procfs=procfs, sysfs=sysfs, run=run)
+    except NicError as exc:
+        if selector:
+            raise
+        why = "NIC discovery failed: %s" % exc
+        notes.append(why)
+        return None, why
+    notes.extend(nic.get("notes") or [])
+    return nic, None
+
+
+def _annotate(signals, verdict, user_work, irq_set, speed_source):
+    """Marks each CPU row (IRQ CPU, hot) and the link's speed source; returns the verdict's reasons with the processes
+    whose user work on an IRQ CPU reaches the user threshold."""
+    reasons = list(verdict["reasons"])
+    busy = [item for item in user_work["irq_cpus"] if usr_of(signals, item["cpu"]) >= verdict["thresholds"]["user_pct"]]
+    if busy:
+        reasons.append("user work on the IRQ CPUs, by process: %s" % "; ".join(describe(item) for item in busy))
+    hot = set(verdict["hot_cpus"])
+    for row in signals["cpus"]:
+        row["irq_cpu"] = row["cpu"] in irq_set
+        row["hot"] = row["cpu"] in hot
+    if signals["link"] is not None:
+        signals["link"]["speed_source"] = speed_source
+    return reasons
+
+
+def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep, clock=time.monotonic):
+    """Read the NIC, sample every signal twice ``interval`` seconds apart, judge.
+
+    ``options`` holds the module options (selector keys, ``irq_cpus``,
+    ``interval``, the thresholds, ``link_speed_mbps``). Reads only. Raises
+    SoftnetError for bad options or unreadable proc files, and NicError when
+    an explicit selector matches no usable NIC. Without a selector, a missing
+    default-route NIC degrades to an ``inconclusive`` verdict instead (or
+    ``idle`` on a host without load or traffic).
+    """
+    interval, irq_option, thresholds, speed_option = validate_options(options)
+    selector = dict((key, options.get(key)) for key in SELECTOR_KEYS if options.get(key) not in (None, ""))
+    notes = []
+    nic, why = _read_nic_softly(selector, procfs, sysfs, run, notes)
+
+    topology = read_topology(sysfs=sysfs, procfs=procfs)
+    online = topology["online"]
+    affinity = irq_cpus_from_nic(nic)
+    affinity_cpus, affinity_source = affinity[:2]
+    interface = nic["interface"] if nic else None
+    speed = speed_option if speed_option is not None else (nic or {}).get("speed_mbps")
+
+    # The threads are read just outside the window, so that reading them is not user work inside it.
+    tasks_first = read_tasks(procfs)
+    first = read_sample(procfs, clock=clock)
+    sleep(interval)
+    second = read_sample(procfs, clock=clock)
+    tasks_second = read_tasks(procfs)
+
+    fired, fired_notes = irq_cpus_fired(nic, first.get("interrupts"), second.get("interrupts"))
+    notes.extend(fired_notes)
+    irq_cpus, source, empty_why = _choose_irq_cpus(irq_option, fired, affinity, nic, online, notes)
+    why = why or empty_why
     online_after = read_topology(sysfs=sysfs, procfs=procfs)["online"]
     if online_after != online:
         notes.append(
@@ -248,19 +282,9 @@ def run_check(options, procfs="/proc", sysfs="/sys", run=None, sleep=time.sleep,
     notes.extend(signals["notes"])
     verdict = judge(signals, irq_cpus, thresholds, irq_cpus_why=why)
     irq_set = set(irq_cpus)
-    hot = set(verdict["hot_cpus"])
     user_work = processes_on(signals, irq_set, tasks_first, tasks_second, procfs)
-    reasons = list(verdict["reasons"])
-    busy = [item for item in user_work["irq_cpus"] if usr_of(signals, item["cpu"]) >= verdict["thresholds"]["user_pct"]]
-    if busy:
-        reasons.append("user work on the IRQ CPUs, by process: %s" % "; ".join(describe(item) for item in busy))
-    for row in signals["cpus"]:
-        row["irq_cpu"] = row["cpu"] in irq_set
-        row["hot"] = row["cpu"] in hot
-    if signals["link"] is not None:
-        signals["link"]["speed_source"] = (
-            "option" if speed_option is not None else ("sysfs" if speed is not None else "unknown")
-        )
+    reasons = _annotate(signals, verdict, user_work, irq_set, "option" if speed_option is not None else (
+        "sysfs" if speed is not None else "unknown"))
     return {
         "changed": False,
         "verdict": verdict["verdict"],

@@ -44,13 +44,13 @@ author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: The plan of files, the staging directory and systemd actions, exactly as a run would carry it out.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: The configuration and unit files before and after (the library source is not shown).
+extends_documentation_fragment:
+  - gpunode.tuning.attributes
 options:
   state:
     description: V(present) installs and starts the copier; V(absent) stops it and removes what it installed (never

@@ -27,13 +27,13 @@ author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Returns the exact writes and the file action it would carry out.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: The sysfs values before and after, one line per file, and the tmpfiles file.
+extends_documentation_fragment:
+  - gpunode.tuning.attributes
 options:
   enable_idle_states:
     description: Re-enable disabled idle states.

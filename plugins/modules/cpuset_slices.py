@@ -41,13 +41,13 @@ author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: The exact plan (files, systemctl actions, drift of the running cgroups); writes nothing and runs no systemctl.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: Before and after of every file that differs, and of every drifting C(cpuset.cpus).
+extends_documentation_fragment:
+  - gpunode.tuning.attributes
 options:
   housekeeping_cpus:
     description:

@@ -30,16 +30,14 @@ author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Read-only; check mode reads and runs the diagnostics exactly as a normal run does.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
-    details: Nothing is changed.
   facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: none
+extends_documentation_fragment:
+  - gpunode.tuning.attributes
+  - gpunode.tuning.attributes.read_only
+  - gpunode.tuning.attributes.facts
 options:
   dcgm_level:
     description:

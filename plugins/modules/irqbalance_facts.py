@@ -26,17 +26,15 @@ author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Read-only; check mode returns the same facts.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
-    details: Nothing is changed.
   facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
     details: Sets C(ansible_facts.irqbalance).
+extends_documentation_fragment:
+  - gpunode.tuning.attributes
+  - gpunode.tuning.attributes.read_only
+  - gpunode.tuning.attributes.facts
 options:
   banned_cpus:
     description:

@@ -34,17 +34,17 @@ author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Reports the files and systemctl actions it would take; writes nothing, starts and stops nothing.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: Before and after of every file that differs, the config file among them.
   facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
     details: In O(mode=banned), C(ansible_facts.irqbalance) as M(gpunode.tuning.irqbalance_facts) returns it.
+extends_documentation_fragment:
+  - gpunode.tuning.attributes
+  - gpunode.tuning.attributes.facts
 options:
   mode:
     description: What to do with irqbalance (see above).

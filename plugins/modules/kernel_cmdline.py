@@ -44,15 +44,15 @@ author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: The same plan as a real run - files, the configured line before and after (evaluated, not written) and
       the grubby calls; writes nothing, runs no update-grub and no changing grubby call.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: Before and after of every file that differs (the drop-in, an edited C(/etc/default/grub) line, the
       marker); for grubby also the args of every boot entry that changes.
+extends_documentation_fragment:
+  - gpunode.tuning.attributes
 options:
   parameters:
     description:

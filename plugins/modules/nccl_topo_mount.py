@@ -38,14 +38,14 @@ author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: The exact plan of the files; writes nothing. O(verify) runs in check mode too, against the files as they are now
       (the drift report's question - does a job's container see it).
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: Before and after of every file that differs.
+extends_documentation_fragment:
+  - gpunode.tuning.attributes
 options:
   src:
     description:

@@ -44,15 +44,14 @@ author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Returns the exact per-IRQ before and after and V(would_change), and writes nothing.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: A table of IRQ, name, queue and affinity before and after; with O(rps_cpus), a table of every RX queue's
       C(rps_cpus) before and after.
 extends_documentation_fragment:
+  - gpunode.tuning.attributes
   - gpunode.tuning.nic_selector
 options:
   cpus:

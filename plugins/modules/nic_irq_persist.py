@@ -52,16 +52,15 @@ author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Returns the per-IRQ plan, every file that would be created, updated or removed (with the reason) and the
       systemd actions it would take, and writes nothing.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: The IRQ table, the RX queues' C(rps_cpus) (with O(rps_cpus)), and before/after of every file that differs
       (library sources by name only).
 extends_documentation_fragment:
+  - gpunode.tuning.attributes
   - gpunode.tuning.nic_selector
 options:
   state:
@@ -496,6 +495,26 @@ def _present(module, params, procfs, sysfs, run):
     return out, warnings, irqbalance_diff + diff
 
 
+def _read_back(result, pin_desired, procfs, sysfs, run, rps_release, warnings):
+    """verify_pins after the pins. IRQs moved between the write and the read-back are pinned once more and read back
+    again: a one-off mover (a process that read the old state a moment before) is then said in ``warnings``; a mover
+    that keeps moving them (irqbalance started again, a second tool) moves them again, and the mismatch stays."""
+    check = verify_pins(result, procfs=procfs, sysfs=sysfs, run=run)
+    if check["mismatch"]:
+        moved = check["mismatch"]
+        try:
+            run_desired_state(pin_desired, check_mode=False, procfs=procfs, sysfs=sysfs, run=run,
+                              rps_release=rps_release)
+        except (AffinityError, NicError, TreeError) as exc:
+            check["mismatch"] = moved + ["pinning again failed: %s" % exc]
+        else:
+            check = verify_pins(result, procfs=procfs, sysfs=sysfs, run=run)
+            if not check["mismatch"]:
+                warnings.append("after pinning, something moved queue IRQs of %s (%s); they were pinned again "
+                                "and held" % (result["pci_address"], "; ".join(moved)))
+    return check
+
+
 def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desired, files, actions, settings, root,
                      irqbalance_result, rps_release=None):
     # irqbalance (when this run handles it) is stopped or bans these CPUs by now: pin with the stored setting,
@@ -550,22 +569,7 @@ def _pin_and_persist(module, params, procfs, sysfs, run, plan, run_desired, desi
         out.update(irqbalance_state=irqbalance_result, changed=bool(out["changed"] or irqbalance_result["changed"]))
     warnings = list(result["warnings"])
     if params["verify"] and not module.check_mode:
-        check = verify_pins(result, procfs=procfs, sysfs=sysfs, run=run)
-        if check["mismatch"]:
-            # Moved between the write and the read-back. Pin once more and read back again: a one-off mover (a
-            # process that read the old state a moment before) is then said in a warning; a mover that keeps moving
-            # them (irqbalance started again, a second tool) moves them again and the run fails and rolls back.
-            moved = check["mismatch"]
-            try:
-                run_desired_state(pin_desired, check_mode=False, procfs=procfs, sysfs=sysfs, run=run,
-                                  rps_release=rps_release)
-            except (AffinityError, NicError, TreeError) as exc:
-                check["mismatch"] = moved + ["pinning again failed: %s" % exc]
-            else:
-                check = verify_pins(result, procfs=procfs, sysfs=sysfs, run=run)
-                if not check["mismatch"]:
-                    warnings.append("after pinning, something moved queue IRQs of %s (%s); they were pinned again "
-                                    "and held" % (result["pci_address"], "; ".join(moved)))
+        check = _read_back(result, pin_desired, procfs, sysfs, run, rps_release, warnings)
         out.update(verified=not check["mismatch"], unchangeable=check["unchangeable"],
                    effective_lagging=check["lagging"])
         if check["mismatch"]:

@@ -27,17 +27,15 @@ author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Read-only; check mode reads exactly as a normal run does.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
-    details: Nothing is changed.
   facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
     details: Sets C(ansible_facts.platform).
+extends_documentation_fragment:
+  - gpunode.tuning.attributes
+  - gpunode.tuning.attributes.read_only
+  - gpunode.tuning.attributes.facts
 options:
   page_size:
     description:

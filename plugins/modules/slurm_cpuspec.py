@@ -39,13 +39,13 @@ author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: The same plan as a real run, files and per-node values; nothing is written.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: Before and after of every file that changes (slurm.conf, an include, cgroup.conf).
+extends_documentation_fragment:
+  - gpunode.tuning.attributes
 options:
   path:
     description: The main C(slurm.conf). Relative C(Include) names are read from its directory, as Slurm does.

@@ -39,14 +39,11 @@ author:
   - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Read-only; check mode samples exactly as a normal run does and changes nothing.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
-    details: Nothing is changed, so there is nothing to diff.
 extends_documentation_fragment:
+  - gpunode.tuning.attributes
+  - gpunode.tuning.attributes.read_only
   - gpunode.tuning.nic_selector
 options:
   irq_cpus:

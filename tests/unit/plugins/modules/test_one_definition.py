@@ -167,3 +167,26 @@ def test_every_error_of_module_utils_derives_from_the_one_base():
                 copies.append("%s:%d" % (path.name, node.lineno))
     assert offenders == [], "errors that do not derive from DetailedError: %s" % offenders
     assert copies == [], "self.details set outside _errors.DetailedError: %s" % copies
+
+
+# ---------------------------------------------------------------- the modules' attributes
+
+
+def test_every_module_takes_the_shared_attribute_descriptions_and_states_only_its_support():
+    """check_mode, diff_mode, facts and platform are described once (doc_fragments/attributes.py, as
+    community.general's attributes fragment); a module says only its support and details. A read-only module
+    takes the fragment's read_only diff_mode, a facts module the facts description."""
+    for path in sorted((PLUGINS / "modules").glob("*.py")):
+        module = ast.parse(path.read_text())
+        doc = next(node.value.value for node in module.body if isinstance(node, ast.Assign)
+                   and getattr(node.targets[0], "id", None) == "DOCUMENTATION")
+        data = yaml.safe_load(doc)
+        fragments = data.get("extends_documentation_fragment") or []
+        assert "gpunode.tuning.attributes" in fragments, path.name
+        attributes = data["attributes"]
+        assert attributes["check_mode"]["support"] == "full", path.name
+        for name, attribute in attributes.items():
+            assert "description" not in attribute, (path.name, name)
+        read_only = "gpunode.tuning.attributes.read_only" in fragments
+        assert read_only == ("diff_mode" not in attributes), path.name
+        assert ("gpunode.tuning.attributes.facts" in fragments) == ("facts" in attributes), path.name
