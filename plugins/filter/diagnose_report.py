@@ -337,6 +337,64 @@ def _cell(row, irq_cpus, hot_cpus):
     )
 
 
+def _html_rules(report):
+    """The page's section on how the verdict is decided: the rules in order, then the findings beside them."""
+    esc = html.escape
+    out = []
+    rules, intro = _rules_intro(report)
+    out.append('<section class="rules" id="rules"><h2>How the verdict is decided</h2><p>%s</p>' % esc(intro))
+    out.append('<table class="rules"><tr><th>rule</th><th>when</th><th>verdict</th></tr>')
+    for rule in rules:
+        out.append('<tr data-rule="%s"><td>%d</td><td>%s</td><td><span class="badge v-%s">%s</span></td></tr>' % (
+            esc(rule["name"]), rule["number"], esc(rule["condition"]), esc(rule["verdict"]),
+            esc(VERDICT_TEXT[rule["verdict"]])))
+    out.append("</table>")
+    out.append('<p>Reported beside the verdict, whatever it is:</p><table class="rules findings">'
+               "<tr><th>finding</th><th>when</th><th>remedy</th></tr>")
+    for finding in _rule_findings(report):
+        out.append('<tr data-finding="%s"><td>%s</td><td>%s</td><td>%s</td></tr>' % (
+            esc(finding["name"]), esc(finding["title"]), esc(finding["condition"]), esc(finding["remedy"])))
+    out.append("</table></section>")
+    return out
+
+
+def _html_host(entry):
+    """One host's section: verdict, NIC facts, reasons, findings, notes and the strip of per-CPU cells."""
+    esc = html.escape
+    out = []
+    irq_cpus = set(entry["irq_cpus"])
+    hot_cpus = set(entry["hot_cpus"])
+    out.append('<section class="host" id="host-%s" data-verdict="%s">' % (esc(entry["host"]), esc(entry["verdict"])))
+    out.append(
+        '<h2>%s <span class="badge v-%s">%s</span></h2>'
+        % (esc(entry["host"]), esc(entry["verdict"]), esc(VERDICT_TEXT.get(entry["verdict"], entry["verdict"])))
+    )
+    facts = []
+    for label, key in (("interface", "interface"), ("PCI", "pci_address"), ("driver", "driver")):
+        if entry[key]:
+            facts.append("%s %s" % (label, entry[key]))
+    facts.append("IRQ CPUs %s" % (_cpulist(entry["irq_cpus"]) or "none"))
+    if _irq_source(entry):
+        facts.append(_irq_source(entry))
+    if entry["link_speed_mbps"]:
+        facts.append("link %s Mbit/s" % _num(entry["link_speed_mbps"]))
+    if _decided_by(entry):
+        facts.append(_decided_by(entry))
+    out.append("<p>%s</p>" % esc(", ".join(facts)))
+    out.append('<ul class="reasons">%s</ul>' % "".join("<li>%s</li>" % esc(r) for r in entry["reasons"]))
+    if entry["findings"]:
+        out.append('<ul class="findings">%s</ul>' % "".join(
+            '<li data-finding="%s"><strong>%s</strong>: %s. Remedy: %s</li>' % (
+                esc(f.get("name") or ""), esc(f.get("title") or ""), esc(f.get("reason") or ""),
+                esc(f.get("remedy") or "")) for f in entry["findings"]))
+    if _host_notes(entry):
+        out.append('<ul class="notes">%s</ul>' % "".join("<li>note: %s</li>" % esc(n) for n in _host_notes(entry)))
+    if entry["cpus"]:
+        out.append('<div class="strip">%s</div>' % "".join(_cell(row, irq_cpus, hot_cpus) for row in entry["cpus"]))
+    out.append("</section>")
+    return "\n".join(out)
+
+
 def diagnose_html(report):
     """cluster.html: one self-contained page (inline CSS, no scripts, no external fetches). Each host gets a
     strip of per-CPU cells with softirq %, user % and squeezes per 10 s; IRQ CPUs carry class ``irq`` and the
@@ -385,51 +443,8 @@ def diagnose_html(report):
             )
         )
     out.append("</table>")
-    rules, intro = _rules_intro(report)
-    out.append('<section class="rules" id="rules"><h2>How the verdict is decided</h2><p>%s</p>' % esc(intro))
-    out.append('<table class="rules"><tr><th>rule</th><th>when</th><th>verdict</th></tr>')
-    for rule in rules:
-        out.append('<tr data-rule="%s"><td>%d</td><td>%s</td><td><span class="badge v-%s">%s</span></td></tr>' % (
-            esc(rule["name"]), rule["number"], esc(rule["condition"]), esc(rule["verdict"]),
-            esc(VERDICT_TEXT[rule["verdict"]])))
-    out.append("</table>")
-    out.append('<p>Reported beside the verdict, whatever it is:</p><table class="rules findings">'
-               "<tr><th>finding</th><th>when</th><th>remedy</th></tr>")
-    for finding in _rule_findings(report):
-        out.append('<tr data-finding="%s"><td>%s</td><td>%s</td><td>%s</td></tr>' % (
-            esc(finding["name"]), esc(finding["title"]), esc(finding["condition"]), esc(finding["remedy"])))
-    out.append("</table></section>")
-    for entry in report["hosts"]:
-        irq_cpus = set(entry["irq_cpus"])
-        hot_cpus = set(entry["hot_cpus"])
-        out.append('<section class="host" id="host-%s" data-verdict="%s">' % (esc(entry["host"]), esc(entry["verdict"])))
-        out.append(
-            '<h2>%s <span class="badge v-%s">%s</span></h2>'
-            % (esc(entry["host"]), esc(entry["verdict"]), esc(VERDICT_TEXT.get(entry["verdict"], entry["verdict"])))
-        )
-        facts = []
-        for label, key in (("interface", "interface"), ("PCI", "pci_address"), ("driver", "driver")):
-            if entry[key]:
-                facts.append("%s %s" % (label, entry[key]))
-        facts.append("IRQ CPUs %s" % (_cpulist(entry["irq_cpus"]) or "none"))
-        if _irq_source(entry):
-            facts.append(_irq_source(entry))
-        if entry["link_speed_mbps"]:
-            facts.append("link %s Mbit/s" % _num(entry["link_speed_mbps"]))
-        if _decided_by(entry):
-            facts.append(_decided_by(entry))
-        out.append("<p>%s</p>" % esc(", ".join(facts)))
-        out.append('<ul class="reasons">%s</ul>' % "".join("<li>%s</li>" % esc(r) for r in entry["reasons"]))
-        if entry["findings"]:
-            out.append('<ul class="findings">%s</ul>' % "".join(
-                '<li data-finding="%s"><strong>%s</strong>: %s. Remedy: %s</li>' % (
-                    esc(f.get("name") or ""), esc(f.get("title") or ""), esc(f.get("reason") or ""),
-                    esc(f.get("remedy") or "")) for f in entry["findings"]))
-        if _host_notes(entry):
-            out.append('<ul class="notes">%s</ul>' % "".join("<li>note: %s</li>" % esc(n) for n in _host_notes(entry)))
-        if entry["cpus"]:
-            out.append('<div class="strip">%s</div>' % "".join(_cell(row, irq_cpus, hot_cpus) for row in entry["cpus"]))
-        out.append("</section>")
+    out.extend(_html_rules(report))
+    out.extend(_html_host(entry) for entry in report["hosts"])
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 

@@ -74,6 +74,64 @@ def cpu_list(value, what):
 # --------------------------------------------------------------------------- topology input
 
 
+def _online(cpu_dir, sysfs, notes):
+    """The online CPUs: the ``online`` file, else the cpuN directories with a topology (said in ``notes``)."""
+    online = read_cpulist(join(cpu_dir, "online"))
+    if online is None:
+        online = []
+        for name in list_dir(cpu_dir):
+            match = _CPU_DIR_RE.match(name)
+            if match and os.path.isdir(join(cpu_dir, name, "topology")) and read_text(join(cpu_dir, name, "online"), "1") != "0":
+                online.append(int(match.group(1)))
+        online.sort()
+        notes.append("%s/online is unreadable; the cpuN directories with a topology were used" % cpu_dir)
+    if not online:
+        raise SlurmCpuError("no online CPU under %s" % cpu_dir, value=sysfs, expected="a sysfs tree with online CPUs")
+    return online
+
+
+def _cpuset(cpu_dir, online_set, cpu, *names):
+    """The online CPUs in the first readable of ``names`` (a ``*_list`` file or a mask) under cpuN/topology, or
+    None; a set with no online CPU is the CPU itself."""
+    for name in names:
+        path = join(cpu_dir, "cpu%d" % cpu, "topology", name)
+        if name.endswith("_list"):
+            value = read_cpulist(path)
+        else:
+            text = read_text(path)
+            try:
+                value = parse_cpumask(text) if text else None
+            except CpuListError:
+                value = None
+        if value:
+            return frozenset(set(value) & online_set) or frozenset([cpu])
+    return None
+
+
+def _cpu_record(cpu_dir, cpu, online_set, notes):
+    """One online CPU's record: its core (SMT siblings), package, die, cluster and L3 groups, and core_id."""
+    package = read_int(join(cpu_dir, "cpu%d" % cpu, "topology/physical_package_id"))
+    if package is None or package < 0:
+        raise SlurmCpuError(
+            "cpu%d has no package id (topology/physical_package_id is %s); slurmd would see no sockets and map CPUs linearly"
+            % (cpu, "missing" if package is None else package), value=cpu, expected="a physical_package_id for every online CPU")
+    core = _cpuset(cpu_dir, online_set, cpu, "core_cpus_list", "thread_siblings_list", "core_cpus", "thread_siblings")
+    if core is None:
+        core = frozenset([cpu])
+        notes.append("cpu%d has no readable sibling list; treated as its own core" % cpu)
+    levels = {"package": package}
+    die = _cpuset(cpu_dir, online_set, cpu, "die_cpus_list", "die_cpus")
+    if die is not None:
+        levels["die"] = die
+    cluster = _cpuset(cpu_dir, online_set, cpu, "cluster_cpus_list", "cluster_cpus")
+    if cluster is not None:
+        levels["cluster"] = cluster
+    l3 = _l3_of(cpu_dir, cpu, online_set)
+    if l3 is not None:
+        levels["l3cache"] = l3
+    return {"core": core, "levels": levels, "core_id": read_int(join(cpu_dir, "cpu%d" % cpu, "topology/core_id"))}
+
+
 def read_slurm_topology(sysfs="/sys", procfs=None, socket_by="package", only_cpus=None, allow_ecores=False):
     """Slurm's view of the CPUs under ``sysfs`` (see :func:`build_view` for the result).
 
@@ -90,57 +148,11 @@ def read_slurm_topology(sysfs="/sys", procfs=None, socket_by="package", only_cpu
     if procfs is None:
         procfs = os.path.join(os.path.dirname(os.path.normpath(sysfs)), "proc")
     notes = []
-    online = read_cpulist(join(cpu_dir, "online"))
-    if online is None:
-        online = []
-        for name in list_dir(cpu_dir):
-            match = _CPU_DIR_RE.match(name)
-            if match and os.path.isdir(join(cpu_dir, name, "topology")) and read_text(join(cpu_dir, name, "online"), "1") != "0":
-                online.append(int(match.group(1)))
-        online.sort()
-        notes.append("%s/online is unreadable; the cpuN directories with a topology were used" % cpu_dir)
-    if not online:
-        raise SlurmCpuError("no online CPU under %s" % cpu_dir, value=sysfs, expected="a sysfs tree with online CPUs")
+    online = _online(cpu_dir, sysfs, notes)
     online_set = set(online)
 
-    def cpuset(cpu, *names):
-        for name in names:
-            path = join(cpu_dir, "cpu%d" % cpu, "topology", name)
-            if name.endswith("_list"):
-                value = read_cpulist(path)
-            else:
-                text = read_text(path)
-                try:
-                    value = parse_cpumask(text) if text else None
-                except CpuListError:
-                    value = None
-            if value:
-                return frozenset(set(value) & online_set) or frozenset([cpu])
-        return None
-
     amd_cu = _amd_compute_units(procfs)
-    records = {}
-    for cpu in online:
-        package = read_int(join(cpu_dir, "cpu%d" % cpu, "topology/physical_package_id"))
-        if package is None or package < 0:
-            raise SlurmCpuError(
-                "cpu%d has no package id (topology/physical_package_id is %s); slurmd would see no sockets and map CPUs linearly"
-                % (cpu, "missing" if package is None else package), value=cpu, expected="a physical_package_id for every online CPU")
-        core = cpuset(cpu, "core_cpus_list", "thread_siblings_list", "core_cpus", "thread_siblings")
-        if core is None:
-            core = frozenset([cpu])
-            notes.append("cpu%d has no readable sibling list; treated as its own core" % cpu)
-        levels = {"package": package}
-        die = cpuset(cpu, "die_cpus_list", "die_cpus")
-        if die is not None:
-            levels["die"] = die
-        cluster = cpuset(cpu, "cluster_cpus_list", "cluster_cpus")
-        if cluster is not None:
-            levels["cluster"] = cluster
-        l3 = _l3_of(cpu_dir, cpu, online_set)
-        if l3 is not None:
-            levels["l3cache"] = l3
-        records[cpu] = {"core": core, "levels": levels, "core_id": read_int(join(cpu_dir, "cpu%d" % cpu, "topology/core_id"))}
+    records = dict((cpu, _cpu_record(cpu_dir, cpu, online_set, notes)) for cpu in online)
 
     node_dir = join(sysfs, "devices/system/node")
     for name in list_dir(node_dir):
@@ -467,42 +479,23 @@ def _shape(topology, socket_by, only_cpus):
 # --------------------------------------------------------------------------- the view
 
 
-def build_view(cpus, socket_by="package", only_cpus=None, excluded=None, notes=None, source="topology"):
-    """Number ``cpus`` as slurmd does and return the view.
+def _only(cpus, only_cpus, excluded):
+    """``cpus`` restricted to ``only_cpus`` (each must be an online CPU); the others go to ``excluded``, with why."""
+    keep = set(cpu_list(only_cpus, "only_cpus"))
+    unknown = sorted(keep - set(cpus) - set(excluded))
+    if unknown:
+        raise SlurmCpuError("only_cpus %s are not online CPUs of this node (online: %s)" % (format_cpulist(unknown), format_cpulist(sorted(cpus))),
+                            value=only_cpus, expected="a subset of %s" % format_cpulist(sorted(cpus)))
+    for cpu in sorted(set(cpus) - keep):
+        excluded[cpu] = "not in only_cpus"
+    return dict((cpu, rec) for cpu, rec in cpus.items() if cpu in keep)
 
-    ``cpus``: dict OS CPU -> ``{"core": hashable core key, "levels": {level: key}}``
-    with levels among ``package``, ``die``, ``numa_node``, ``l3cache``, ``cluster``.
 
-    The view (a dict): ``sockets``, ``cores_per_socket``, ``threads_per_core``,
-    ``cpus`` (count), ``socket_by``, ``os_to_abstract`` (dict OS id -> abstract
-    id), ``abstract_to_os`` (list indexed by abstract id), ``cores`` (list per
-    abstract core index of its OS CPUs in thread order), ``socket_cpus`` (OS
-    CPU list per socket), ``excluded`` (dict OS id -> why slurmd does not see
-    it), ``notes`` and ``source``.
-    """
-    if socket_by not in SOCKET_BY:
-        raise SlurmCpuError("socket_by %r is not known" % (socket_by,), value=socket_by, expected="one of %s" % ", ".join(SOCKET_BY))
-    notes = list(notes or [])
-    excluded = dict(excluded or {})
-    if only_cpus is not None:
-        keep = set(cpu_list(only_cpus, "only_cpus"))
-        unknown = sorted(keep - set(cpus) - set(excluded))
-        if unknown:
-            raise SlurmCpuError("only_cpus %s are not online CPUs of this node (online: %s)" % (format_cpulist(unknown), format_cpulist(sorted(cpus))),
-                                value=only_cpus, expected="a subset of %s" % format_cpulist(sorted(cpus)))
-        for cpu in sorted(set(cpus) - keep):
-            excluded[cpu] = "not in only_cpus"
-        cpus = dict((cpu, rec) for cpu, rec in cpus.items() if cpu in keep)
-    if not cpus:
-        raise SlurmCpuError("the topology has no CPU", value=source, expected="at least one online CPU")
-    socket_level = _SOCKET_LEVEL[socket_by]
-    missing = sorted(cpu for cpu, rec in cpus.items() if socket_level not in rec["levels"])
-    if missing:
-        raise SlurmCpuError("socket_by=%s but CPUs %s have no %s in the %s" % (socket_by, format_cpulist(missing), socket_by.replace("_", " "), source),
-                            value=socket_by, expected="a %s for every CPU, or socket_by=package" % socket_by.replace("_", " "))
+def _levels(cpus, socket_level, socket_by, notes):
+    """The topology levels that order the CPUs, outermost first, and their containers ({level: {key: set of CPUs}}).
 
-    # Containers per level (key -> set of CPUs), outermost first. A level counts when every CPU has it and it nests in
-    # the levels kept above it; the socket level always counts (levels above that do not hold whole sockets are dropped).
+    A level counts when every CPU has it and it nests in the levels kept above it; the socket level always counts
+    (levels above it that do not hold whole sockets are dropped). What is left out is said in ``notes``."""
     levels = []
     containers = {}
     for level in _LEVELS:
@@ -521,6 +514,11 @@ def build_view(cpus, socket_by="package", only_cpus=None, excluded=None, notes=N
             continue
         levels.append(level)
         containers[level] = groups
+    return levels, containers
+
+
+def _core_groups(cpus, levels):
+    """{core key: set of CPUs}; a core whose SMT siblings lie in two groups of one level fails."""
     core_groups = {}
     for cpu, rec in cpus.items():
         core_groups.setdefault(rec["core"], set()).add(cpu)
@@ -530,17 +528,12 @@ def build_view(cpus, socket_by="package", only_cpus=None, excluded=None, notes=N
             if len(owners) > 1:
                 raise SlurmCpuError("core %s spans %d %s groups; a core must lie in one %s" % (format_cpulist(sorted(members)), len(owners), level, level),
                                     value=sorted(members), expected="SMT siblings in one socket")
-    upto = levels.index(socket_level) + 1
+    return core_groups
 
-    def order_key(cpu, depth):
-        rec = cpus[cpu]
-        return tuple(min(containers[level][rec["levels"][level]]) for level in levels[:depth])
 
-    sockets = {}
-    for members in core_groups.values():
-        first = min(members)
-        sockets.setdefault(order_key(first, upto), []).append((order_key(first, len(levels)) + (first,), sorted(members)))
-    socket_keys = sorted(sockets)
+def _uniform_shape(sockets, socket_keys):
+    """(sockets, cores per socket, threads per core) of a node whose sockets have the same core count and whose cores
+    the same thread count, as Slurm's one CoresPerSocket and ThreadsPerCore describe it; any other node fails."""
     counts = dict((key, len(sockets[key])) for key in socket_keys)
     if len(set(counts.values())) > 1:
         detail = ", ".join("socket %d (CPUs %s): %d" % (i, format_cpulist(sorted(c for dummy, m in sockets[k] for c in m)), counts[k])
@@ -555,13 +548,61 @@ def build_view(cpus, socket_by="package", only_cpus=None, excluded=None, notes=N
                             "ThreadsPerCore as CPUs / cores and its abstract numbering then collides" % (
                                 " and ".join(str(t) for t in sorted(threads)), format_cpulist(odd[0][1]), odd[0][0], format_cpulist(odd[-1][1]), odd[-1][0]),
                             value=sorted(threads), expected="the same number of threads in every core (for a hybrid CPU, only_cpus= its P-cores)")
-    nsockets, ncores, nthreads = len(socket_keys), counts[socket_keys[0]], threads.pop()
-    total = nsockets * ncores * nthreads
+    return len(socket_keys), counts[socket_keys[0]], threads.pop()
+
+
+def _check_ids_below(cpus, total):
+    """Every online CPU id is below the CPU count slurmd sees, or the abstract ids are not a permutation."""
     if max(cpus) >= total:
         raise SlurmCpuError("CPU %d is not below the %d CPUs slurmd sees (CPUs %s); slurmd's block map skips machine ids that high "
                             "(xcpuinfo.c, 'physical or logical ID are out of range') so the abstract ids of this node are not a "
                             "permutation of its CPUs" % (max(cpus), total, format_cpulist(sorted(cpus))),
                             value=format_cpulist(sorted(cpus)), expected="online CPU ids 0 to %d (bring offline CPUs online)" % (total - 1))
+
+
+def build_view(cpus, socket_by="package", only_cpus=None, excluded=None, notes=None, source="topology"):
+    """Number ``cpus`` as slurmd does and return the view.
+
+    ``cpus``: dict OS CPU -> ``{"core": hashable core key, "levels": {level: key}}``
+    with levels among ``package``, ``die``, ``numa_node``, ``l3cache``, ``cluster``.
+
+    The view (a dict): ``sockets``, ``cores_per_socket``, ``threads_per_core``,
+    ``cpus`` (count), ``socket_by``, ``os_to_abstract`` (dict OS id -> abstract
+    id), ``abstract_to_os`` (list indexed by abstract id), ``cores`` (list per
+    abstract core index of its OS CPUs in thread order), ``socket_cpus`` (OS
+    CPU list per socket), ``excluded`` (dict OS id -> why slurmd does not see
+    it), ``notes`` and ``source``.
+    """
+    if socket_by not in SOCKET_BY:
+        raise SlurmCpuError("socket_by %r is not known" % (socket_by,), value=socket_by, expected="one of %s" % ", ".join(SOCKET_BY))
+    notes = list(notes or [])
+    excluded = dict(excluded or {})
+    if only_cpus is not None:
+        cpus = _only(cpus, only_cpus, excluded)
+    if not cpus:
+        raise SlurmCpuError("the topology has no CPU", value=source, expected="at least one online CPU")
+    socket_level = _SOCKET_LEVEL[socket_by]
+    missing = sorted(cpu for cpu, rec in cpus.items() if socket_level not in rec["levels"])
+    if missing:
+        raise SlurmCpuError("socket_by=%s but CPUs %s have no %s in the %s" % (socket_by, format_cpulist(missing), socket_by.replace("_", " "), source),
+                            value=socket_by, expected="a %s for every CPU, or socket_by=package" % socket_by.replace("_", " "))
+
+    levels, containers = _levels(cpus, socket_level, socket_by, notes)
+    core_groups = _core_groups(cpus, levels)
+    upto = levels.index(socket_level) + 1
+
+    def order_key(cpu, depth):
+        rec = cpus[cpu]
+        return tuple(min(containers[level][rec["levels"][level]]) for level in levels[:depth])
+
+    sockets = {}
+    for members in core_groups.values():
+        first = min(members)
+        sockets.setdefault(order_key(first, upto), []).append((order_key(first, len(levels)) + (first,), sorted(members)))
+    socket_keys = sorted(sockets)
+    nsockets, ncores, nthreads = _uniform_shape(sockets, socket_keys)
+    total = nsockets * ncores * nthreads
+    _check_ids_below(cpus, total)
     os_to_abs = {}
     abs_to_os = [None] * total
     cores = []
