@@ -257,8 +257,18 @@ def summary(values):
     return {"min": min(values), "median": statistics.median(values), "max": max(values)} if values else None
 
 
+def units_started_since(inst, since):
+    """The units systemd started in the guest since the guest time ``since`` (epoch seconds): a timer's service that
+    ran during a diagnose window (the collection's own re-check timer among them) is named here."""
+    out = ssh(inst, "journalctl --no-pager -q -o short-iso-precise --since=@%d _PID=1 | grep -E ' (Starting|Started|Finished) ' "
+                    "| grep -v -E 'session-|user@|user-runtime-dir@' || true" % int(since))
+    return [line for line in out.splitlines() if line.strip()]
+
+
 def phase(inst, inv, label, reps, seconds, report_dir):
+    since = float(ssh(inst, "date +%s.%N"))
     res, wall = playbook(inv, "diagnose.yml", "-e", "diagnose_interval=10", "-e", "diagnose_report_dir=%s" % report_dir)
+    started_units = units_started_since(inst, since)
     if res.returncode:
         raise SystemExit("diagnose (%s) failed:\n%s" % (label, res.stdout[-3000:]))
     report = json.loads((Path(report_dir) / "cluster.json").read_text())["hosts"][0]
@@ -272,6 +282,8 @@ def phase(inst, inv, label, reps, seconds, report_dir):
         "irq_cpus": irq, "diagnose_wall_s": round(wall, 1), "affinity": affinity,
         # whose user work ran on the IRQ CPUs during the diagnose window (softnet_check's irq_cpu_processes)
         "irq_cpu_processes": (report.get("softnet") or {}).get("irq_cpu_processes"),
+        # what systemd started in the guest while diagnose.yml ran (timers, the fence's restarts)
+        "units_started": started_units,
         "workers_per_s": summary([sum(w["workers"][c] for c in WORKER_CPUS) for w in windows]),
         "per_worker_per_s": dict((c, summary([w["workers"][c] for w in windows])) for c in WORKER_CPUS),
         "cpus": dict((c, {k: summary([w["cpus"][c][k] for w in windows]) for k in ("user_pct", "softirq_pct", "squeezes", "dropped")})
@@ -363,6 +375,14 @@ def markdown(result):
         lines += ["", "Pairs whose control workers moved more than 10 %% between the phases (the host changed, not "
                   "only the node): %s. Median gain without them: %s." % (
                       ", ".join(map(str, moved)), "%+.1f %%" % statistics.median(clean) if clean else "-")]
+    for n, p in enumerate(pairs, 1):
+        if holds(p):
+            continue
+        for label in ("before", "after"):
+            ph = p[label]
+            # the reasons name the processes with user work on the IRQ CPUs (softnet_check's irq_cpu_processes)
+            lines += ["", "Pair %d does not hold; its %s-diagnose: %s. Units systemd started while diagnose.yml ran: "
+                      "%s." % (n, label, "; ".join(ph["reasons"]), "; ".join(ph.get("units_started") or []) or "none")]
     for d in result.get("discarded", []):
         lines += ["", "Discarded: a pair measured %s (gain %+.1f %%, control workers %+.1f %%): %s. A pair measured "
                   "after it took its place." % (d["measured"], d["pair"]["gain_pct"],
