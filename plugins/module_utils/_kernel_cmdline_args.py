@@ -103,11 +103,7 @@ def param_key(token):
 
 def parse_removals(values):
     """The ``remove`` option (keys, no values) as :class:`Param` records with the text ``!key``."""
-    try:
-        params = parse_parameters(values, check_values=False)
-    except KernelCmdlineError as exc:
-        details = dict(exc.details, option="remove")
-        raise KernelCmdlineError(str(exc).replace("parameters", "remove", 1), **details)
+    params = parse_parameters(values, check_values=False, option="remove")
     for index, param in enumerate(params):
         if param.value is not None or is_removal(param.text):
             raise KernelCmdlineError("remove[%d] %s: remove takes keys only; expected a key such as processor.max_cstate"
@@ -121,9 +117,9 @@ def comparable(tokens):
     return [norm(t) for t in tokens if param_key(t) not in BOOT_KEYS]
 
 
-def _fail(index, text, why, expected, **extra):
-    raise KernelCmdlineError("parameters[%d] %s: %s; expected %s" % (index, _show(text), why, expected),
-                             option="parameters", value=text, expected=expected, **extra)
+def _fail(index, text, why, expected, option="parameters", **extra):
+    raise KernelCmdlineError("%s[%d] %s: %s; expected %s" % (option, index, _show(text), why, expected),
+                             option=option, value=text, expected=expected, **extra)
 
 
 def _show(text):
@@ -157,33 +153,34 @@ def _check_isolcpus(index, text, value):
     _check_cpulist(index, text, "isolcpus", ",".join(items))
 
 
-def parse_parameters(values, check_values=True):
-    """The ``parameters`` option as a list of :class:`Param`; raises KernelCmdlineError naming the first bad entry.
+def parse_parameters(values, check_values=True, option="parameters"):
+    """The ``parameters`` option (or ``option``: remove) as a list of :class:`Param`; raises KernelCmdlineError
+    naming the first bad entry.
 
     ``check_values`` is False for state=absent, where only the keys matter: the
     characters and keys are checked, the CPU lists and flags are not.
     """
     if not isinstance(values, (list, tuple)):
-        raise KernelCmdlineError("parameters %r: expected a list of key=value or flag strings" % (values,),
-                                 option="parameters", value=values, expected="a list of strings")
+        raise KernelCmdlineError("%s %r: expected a list of key=value or flag strings" % (option, values),
+                                 option=option, value=values, expected="a list of strings")
     out, seen = [], {}
     for index, text in enumerate(values):
         if not isinstance(text, str):
-            _fail(index, repr(text), "not a string", "a string key=value or flag")
+            _fail(index, repr(text), "not a string", "a string key=value or flag", option)
         if text == "":
-            _fail(index, text, "empty", "key=value or a flag such as nohz_full=2-3")
+            _fail(index, text, "empty", "key=value or a flag such as nohz_full=2-3", option)
         try:
             # The one rule of kernel parameters (_validate): no blanks, quotes, shell or GRUB metacharacters, no #.
-            check_kernel_param("parameters[%d]" % index, text[len(REMOVED):] if is_removal(text) else text)
+            check_kernel_param("%s[%d]" % (option, index), text[len(REMOVED):] if is_removal(text) else text)
         except InputError as exc:
-            raise KernelCmdlineError(str(exc), **dict(exc.details, option="parameters"))
+            raise KernelCmdlineError(str(exc), **dict(exc.details, option=option))
         name, sep, value = text.partition("=")
         if name == "":
-            _fail(index, text, "the key is empty", "key=value or a flag such as nohz_full=2-3")
+            _fail(index, text, "the key is empty", "key=value or a flag such as nohz_full=2-3", option)
         key = name.replace("-", "_")
         if key in seen:
-            _fail(index, text, "key %s is already given by parameters[%d] %s" % (name, seen[key], _show(values[seen[key]])),
-                  "each key once", duplicate_of=seen[key])
+            _fail(index, text, "key %s is already given by %s[%d] %s" % (name, option, seen[key], _show(values[seen[key]])),
+                  "each key once", option, duplicate_of=seen[key])
         seen[key] = index
         if check_values and key in CPULIST_KEYS:
             if not sep and key not in BARE_ALLOWED:

@@ -58,7 +58,7 @@ AREAS = {
     "kernel_cmdline": (
         [MU + "_kernel_cmdline.py", MU + "_kernel_cmdline_args.py", MU + "_kernel_cmdline_grub.py",
          MU + "_kernel_cmdline_grubby.py"],
-        [UT + "test_kernel_cmdline.py", UM + "test_kernel_cmdline.py"],
+        [UT + "test_kernel_cmdline.py", UT + "test_kernel_cmdline_results.py", UM + "test_kernel_cmdline.py"],
     ),
     "cpu_power": ([MU + "_cpu_power.py"], [UT + "test_cpu_power.py", UM + "test_cpu_power_modules.py"]),
     "gpu_findings": (
@@ -156,6 +156,29 @@ def summarise(mutants):
                                       if e["status"] == "survived" and is_text_only(e["diff"]))}
 
 
+# A mutant is code nobody reviewed, and the suite runs as root: a mutant of kernel_cmdline that dropped the root
+# of a tree wrote a test's GRUB files into this machine's /etc/default/grub, /etc/default/grub.d and
+# /var/lib/gpunode-tuning (2026-12-05). As root, mutmut therefore runs in a private mount namespace where / (with
+# /etc, /var, /run, /boot and the repository), /proc and /sys are read-only; only the scratch copy and /tmp (pytest's
+# tmp_path) can be written. A mutant that writes outside them fails its tests (EROFS) and counts as killed, which is
+# right: it would have written to the host.
+SANDBOX = r"""
+set -e
+for dir in "$1" /tmp; do mount --bind "$dir" "$dir"; done
+mount -o remount,bind,ro /
+for dir in /proc /sys; do mount -o remount,bind,ro "$dir"; done
+shift
+exec "$@"
+"""
+
+
+def sandboxed(scratch, argv):
+    """``argv`` in the read-only sandbox above when run as root (an unprivileged run cannot write the host's files)."""
+    if os.geteuid() != 0:
+        return argv
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", SANDBOX, "sandbox", scratch] + argv
+
+
 def run_area(area, files, functions, scratch, reports):
     """Lay out the scratch copy, run mutmut, write the area's report; return the summary or None."""
     work = os.path.join(scratch, area)
@@ -173,7 +196,7 @@ def run_area(area, files, functions, scratch, reports):
         jobs = os.environ.get("MUTANTS_JOBS", "2")
         globs = ["*.x_%s__mutmut_*" % f for f in functions]
         mutmut = os.path.join(os.path.dirname(sys.executable), "mutmut")
-        rc = subprocess.call([mutmut, "run", "--max-children", jobs] + globs, cwd=work, stdout=log,
+        rc = subprocess.call(sandboxed(scratch, [mutmut, "run", "--max-children", jobs] + globs), cwd=work, stdout=log,
                              stderr=subprocess.STDOUT, env=env)
     if rc != 0:
         print("%s: mutmut run failed (exit %d); see %s" % (area, rc, log_path))
