@@ -9,7 +9,9 @@ they only turn bad input into ``AnsibleFilterError``:
 
 * ``cluster_report_markdown(report)``, ``cluster_report_html(report)`` and ``cluster_report_junit(report)``
   give the Markdown, self-contained HTML and JUnit XML texts;
-* ``cluster_report_lines(report, limit=10)`` the lines of a closing debug summary.
+* ``cluster_report_lines(report, limit=10)`` the lines of a closing debug summary;
+* ``collect_play(hostvars, kind, hosts, running_hosts)`` each host's inputs to a report, from the variables its
+  play left (``module_utils/_play_collect``): the one loop over hostvars of diagnose.yml, preflight.yml and tune.yml.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._cluster_report imp
     render_lines,
     render_markdown,
 )
+from ansible_collections.gpunode.tuning.plugins.module_utils._play_collect import CollectError, collect_play
 
 
 def _wrap(name, func):
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except ClusterReportError as exc:
+        except (ClusterReportError, CollectError) as exc:
             raise AnsibleFilterError("%s: %s" % (name, exc), orig_exc=exc)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise AnsibleFilterError("%s: malformed cluster report (%s: %s)" % (name, type(exc).__name__, exc), orig_exc=exc)
@@ -66,4 +69,5 @@ class FilterModule(object):
             "cluster_report_html": _wrap("cluster_report_html", cluster_report_html),
             "cluster_report_junit": _wrap("cluster_report_junit", cluster_report_junit),
             "cluster_report_lines": _wrap("cluster_report_lines", cluster_report_lines),
+            "collect_play": _wrap("collect_play", collect_play),
         }

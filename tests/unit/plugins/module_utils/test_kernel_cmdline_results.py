@@ -162,11 +162,13 @@ def step(tmp_path, root, mode, args, check=False, run=None):
     params.update(args)
     if mode == "tree":
         which, live = K.tree_which(str(root)), False
-    elif mode == "live":
-        which, live = (lambda name: "/usr/sbin/update-grub" if name == "update-grub" else None), True
     else:
-        which, live = (lambda name: "/usr/sbin/grubby" if name == "grubby" else None), True
-        params["state_dir"] = str(tmp_path / "state")
+        tool, live = ("update-grub" if mode == "live" else "grubby"), True
+
+        def which(name):
+            return "/usr/sbin/" + name if name == tool else None
+        if mode == "grubby":
+            params["state_dir"] = str(tmp_path / "state")
     try:
         result, diff = K.converge(params, run, check, live, which, procfs=str(tmp_path / "proc"))
         out = {"result": result, "diff": diff}
