@@ -13,6 +13,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._nccl_tests import 
     compare_busbw,
     parse_nccl_tests,
     sweep_compare,
+    sweep_markdown,
 )
 
 
@@ -42,10 +43,15 @@ def nccl_tests_sweep(value, baseline, sizes=None, margin_pct=5.0, placement="out
                          redop=redop, aggregate=aggregate)
 
 
+def nccl_tests_sweep_markdown(value):
+    return sweep_markdown(value)
+
+
 class FilterModule(object):
     def filters(self):
         return {
             "nccl_tests_parse": _wrap(nccl_tests_parse),
             "nccl_tests_compare": _wrap(nccl_tests_compare),
             "nccl_tests_sweep": _wrap(nccl_tests_sweep),
+            "nccl_tests_sweep_markdown": _wrap(nccl_tests_sweep_markdown),
         }

@@ -867,3 +867,43 @@ def sweep_compare(labelled, baseline, sizes=None, margin_pct=5.0, placement="out
         "table": table,
         "candidates": candidates,
     }
+
+
+def sweep_markdown(report):
+    """The Markdown page of a sweep: :func:`sweep_compare`'s result with the playbook's ``variable``, ``host``,
+    ``mode`` and ``test`` added. busbw in GB/s per size and label, the gain over the baseline in brackets, the sizes
+    the recommendation is judged at marked ``*``, then the recommendation and its reason."""
+    need = ("variable", "host", "mode", "labels", "baseline", "placement", "aggregate", "margin_pct", "table",
+            "recommended", "changed", "reason")
+    missing = [key for key in need if not isinstance(report, dict) or key not in report]
+    if missing:
+        raise NcclTestsError("sweep report lacks %s: expected nccl_tests_sweep's result with variable, host and mode "
+                             "added" % ", ".join(missing), value=sorted(report) if isinstance(report, dict) else report,
+                             expected="a sweep report with %s" % ", ".join(need))
+    labels, baseline = list(report["labels"]), report["baseline"]
+    lines = [
+        "# %s sweep on %s" % (report["variable"], report["host"]),
+        "",
+        "%s, %s busbw in GB/s per value of %s (%s of the repeats; gain over baseline %s in brackets), %s runs. "
+        "Sizes marked * are those the recommendation is judged at (margin %s %%)." % (
+            report.get("test") or "nccl-tests", str(report["placement"]).replace("_", "-"), report["variable"],
+            report["aggregate"], baseline, report["mode"], report["margin_pct"]),
+        "",
+        "| size (bytes) |%s" % "".join(" %s |" % label for label in labels),
+        "|---:|" + "---:|" * len(labels),
+    ]
+    for row in report["table"]:
+        cells = []
+        for label in labels:
+            busbw, gain = row["busbw_gbps"][label], row["gain_pct"][label]
+            cells.append(" %s%s |" % ("-" if busbw is None else busbw,
+                                      "" if gain is None or label == baseline else " (%+.1f%%)" % gain))
+        lines.append("| %s%s |%s" % (row["size"], " *" if row["named"] else "", "".join(cells)))
+    lines += [
+        "",
+        "**Recommendation:** `%s=%s` (%s)." % (report["variable"], report["recommended"],
+                                               "change from %s" % baseline if report["changed"] else "keep the baseline"),
+        "",
+        str(report["reason"]),
+    ]
+    return "\n".join(lines) + "\n"

@@ -27,7 +27,7 @@ def _text(name):
 
 
 def test_filter_names():
-    assert sorted(FILTERS) == ["nccl_tests_compare", "nccl_tests_parse", "nccl_tests_sweep"]
+    assert sorted(FILTERS) == ["nccl_tests_compare", "nccl_tests_parse", "nccl_tests_sweep", "nccl_tests_sweep_markdown"]
 
 
 def test_parse_compare_and_sweep():
@@ -43,6 +43,19 @@ def test_parse_compare_and_sweep():
     assert sweep["recommended"] == "simple" and sweep["changed"]
     json.dumps(parsed)
     json.dumps(sweep)
+    page = FILTERS["nccl_tests_sweep_markdown"](dict(sweep, variable="NCCL_PROTO", host="gpu-a", mode="recorded", test=None))
+    lines = page.splitlines()
+    assert lines[0] == "# NCCL_PROTO sweep on gpu-a"
+    assert lines[2] == ("nccl-tests, out-of-place busbw in GB/s per value of NCCL_PROTO (median of the repeats; gain over "
+                        "baseline default in brackets), recorded runs. Sizes marked * are those the recommendation is "
+                        "judged at (margin 10.0 %).")
+    assert lines[4:6] == ["| size (bytes) | default | simple |", "|---:|---:|---:|"]
+    rows = [line for line in lines if line.startswith("| 67108864 ")]
+    row = next(r for r in sweep["table"] if r["size"] == 67108864)
+    assert rows == ["| 67108864 * | %s | %s (%+.1f%%) |" % (row["busbw_gbps"]["default"], row["busbw_gbps"]["simple"],
+                                                             row["gain_pct"]["simple"])]
+    assert len([line for line in lines if line.startswith("| ") and line[2].isdigit()]) == len(sweep["table"])
+    assert lines[-3:] == ["**Recommendation:** `NCCL_PROTO=simple` (change from default).", "", sweep["reason"]]
 
 
 @pytest.mark.parametrize(
@@ -54,6 +67,7 @@ def test_parse_compare_and_sweep():
         ("nccl_tests_compare", ("h100_oci_2node_16gpu_shell_prompt.txt", {"512M": 400}), "no row of size 536870912 bytes"),
         ("nccl_tests_compare", ("h100_oci_2node_16gpu_shell_prompt.txt", "1G"), "non-empty mapping"),
         ("nccl_tests_sweep", ({"1": "h100_oci_2node_16gpu_shell_prompt.txt"}, "2"), "baseline '2' is not one of the labels"),
+        ("nccl_tests_sweep_markdown", (["not", "a", "report"],), "sweep report lacks variable, host, mode"),
     ],
 )
 def test_errors_become_ansible_filter_errors_naming_the_filter(name, args, fragment):
