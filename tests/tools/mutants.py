@@ -167,6 +167,8 @@ set -e
 for dir in "$1" /tmp; do mount --bind "$dir" "$dir"; done
 mount -o remount,bind,ro /
 for dir in /proc /sys; do mount -o remount,bind,ro "$dir"; done
+# the working directory was opened through the old mounts: enter it again through the new ones
+cd "$PWD"
 shift
 exec "$@"
 """

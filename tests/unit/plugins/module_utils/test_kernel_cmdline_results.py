@@ -61,6 +61,8 @@ class Grubby(object):
     def __init__(self, capture, default, obey=True, fail=None):
         self.blocks = [b for b in ("\n" + (FIX / "grubby" / capture).read_text()).split("\nindex=") if b.strip()]
         self.default, self.obey, self.fail, self.calls = default, obey, fail, []
+        # obey: True, False (no edit made), "first" (only the first entry edited), "no_removals" (--remove-args
+        # ignored); fail: the stderr of a failing --update-kernel, or "info" / "default" for a failing read
 
     def text(self):
         return "".join("index=%s\n" % block.rstrip("\n") + "\n" for block in self.blocks)
@@ -84,9 +86,9 @@ class Grubby(object):
         self.calls.append(list(argv))
         assert argv[0] == "grubby", argv
         if argv[1] == "--info=ALL":
-            return 0, self.text(), ""
+            return (1, "", "grubby: error: cannot open /boot/loader/entries\n") if self.fail == "info" else (0, self.text(), "")
         if argv[1] == "--default-kernel":
-            return 0, self.default + "\n", ""
+            return (1, "", "") if self.fail == "default" else (0, self.default + "\n", "")
         if argv[1] == "--info=DEFAULT":
             return 0, next("index=%s\n" % b for b in self.blocks if 'kernel="%s"' % self.default in b), ""
         if argv[1].startswith("--update-kernel="):
@@ -94,8 +96,14 @@ class Grubby(object):
                 return 1, "", self.fail
             remove = [t for a in argv[2:] if a.startswith("--remove-args=") for t in a.split("=", 1)[1].split()]
             add = [t for a in argv[2:] if a.startswith("--args=") for t in a.split("=", 1)[1].split()]
+            target = argv[1].split("=", 1)[1]
+            if self.obey == "first" and target == "ALL":
+                target = next(line.split("=", 1)[1].strip('"') for line in self.blocks[0].split("\n")
+                              if line.startswith("kernel="))
+            if self.obey == "no_removals":
+                remove = []
             if self.obey:
-                self._edit(argv[1].split("=", 1)[1], remove, add)
+                self._edit(target, remove, add)
             return 0, "", ""
         raise AssertionError("unexpected grubby call %r" % (argv,))
 
@@ -129,6 +137,8 @@ def node(tmp_path, source, running=RUNNING, grub_cfg=None, files=None, present="
     for rel, text in (files or {}).items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
+        if rel.startswith("usr/sbin/"):
+            (root / rel).chmod(0o755)
     (tmp_path / "proc").mkdir(exist_ok=True)
     (tmp_path / "proc" / "cmdline").write_text(running)
     cpu = tmp_path / "sys" / "devices" / "system" / "cpu"
@@ -164,6 +174,8 @@ def step(tmp_path, root, mode, args, check=False, run=None):
         which, live = K.tree_which(str(root)), False
     else:
         tool, live = ("update-grub" if mode == "live" else "grubby"), True
+        if run is not None and getattr(run, "no_tool", False):
+            tool = None
 
         def which(name):
             return "/usr/sbin/" + name if name == tool else None
@@ -240,6 +252,39 @@ CASES.update({
     "grubby_fails": (None, "grubby", {"running": RHEL_RUNNING}, [({"parameters": ISOL}, False)],
                      ("rhel8.6-info-all.txt", "/boot/vmlinuz-4.18.0-372.9.1.el8.x86_64", True,
                       "grubby: error: cannot write /boot/loader/entries\n")),
+    "grubby_edits_the_first_entry_only": (None, "grubby", {"running": RHEL_RUNNING}, [({"parameters": ISOL}, False)],
+                                          ("rhel8.6-info-all.txt", "/boot/vmlinuz-4.18.0-372.9.1.el8.x86_64", "first", None)),
+    "grubby_keeps_what_it_was_told_to_remove": (None, "grubby", {"running": RHEL_RUNNING}, [
+        ({"parameters": ["quiet=1"]}, False), ({"remove": ["rhgb"]}, False),
+        ({"parameters": ["quiet"], "state": "absent"}, False)],
+        ("rhel8.6-info-all.txt", "/boot/vmlinuz-4.18.0-372.9.1.el8.x86_64", "no_removals", None)),
+    "grubby_info_fails": (None, "grubby", {"running": RHEL_RUNNING}, [({"parameters": ISOL}, True)],
+                          ("rhel8.6-info-all.txt", "/boot/vmlinuz-4.18.0-372.9.1.el8.x86_64", True, "info")),
+    "grubby_default_kernel_fails": (None, "grubby", {"running": RHEL_RUNNING}, [({"parameters": ISOL}, True)],
+                                    ("rhel8.6-info-all.txt", "/boot/vmlinuz-4.18.0-372.9.1.el8.x86_64", True, "default")),
+    "grubby_default_kernel_unknown": (None, "grubby", {"running": RHEL_RUNNING}, [({"parameters": ISOL}, True)],
+                                      ("rhel8.6-info-all.txt", "/boot/vmlinuz-9.9", True, None)),
+    "grubby_memdisk_entries": (None, "grubby", {"running": RHEL_RUNNING}, [({"parameters": ISOL}, True)],
+                              ("c-grubby-memdisk-info.txt", "/boot/memdisk", True, None)),
+    # bootloader auto on a tree: update-grub under the tree's root decides grub_debian; grubby alone is refused there
+    # the shell forms a hand-edited /etc/default/grub takes, evaluated without a shell on a tree
+    "tree_shell_forms": ("debian12", "tree", {"files": {"etc/default/grub.d/10-site.cfg": (
+        'A=nohz_full=1\nB="${A} ${UNSET:-quiet} ${A:+rcu_nocbs=1} $A"\n'
+        'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX ${B} \\$literal \'single $A\'"\n')}},
+        [({"parameters": ["nohz_full=2-3"]}, True), ({"remove": ["rcu_nocbs"]}, True)], None),
+    # a key removed here and set again by drop-ins sourced after the module's: taken out of those lines too
+    "tree_later_files_set_a_removed_key": ("debian12", "tree", {"files": {
+        "etc/default/grub.d/zzz-a.cfg": 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX quiet"\n',
+        "etc/default/grub.d/zzz-b.cfg": 'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT quiet=2"\n'}},
+        [({"remove": ["quiet"]}, False), ({"remove": ["quiet"], "state": "absent"}, False)], None),
+    "tree_auto_finds_update_grub": ("debian12", "tree", {"files": {"usr/sbin/update-grub": "#!/bin/sh\n"}},
+                                    [({"parameters": ISOL, "bootloader": "auto"}, True)], None),
+    "tree_auto_finds_only_grubby": ("debian12", "tree", {"files": {"usr/sbin/grubby": "#!/bin/sh\n"}},
+                                    [({"parameters": ISOL, "bootloader": "auto"}, True)], None),
+    "live_grub_debian_without_update_grub": ("debian12", "live", {}, [({"parameters": ISOL, "bootloader": "grub_debian"},
+                                                                      True)], "none"),
+    "live_absent_of_everything_removes_the_marker": ("ubuntu1804-rwv-blog", "live", {"grub_cfg": "debian12-isolcpus.cfg"}, [
+        ({"parameters": ISOL}, False), ({"parameters": ["isolcpus", "nohz_full"], "state": "absent"}, False)], "ok"),
 })
 
 # Refusals: one step each on a debian12 tree (mode tree unless said), the error message and details in full.
@@ -295,6 +340,8 @@ REFUSAL_FILES = {
     "assignment_it_cannot_edit": {"etc/default/grub.d/10-site.cfg": 'GRUB_CMDLINE_LINUX="$(echo nohz_full=1)"\n'},
     "a_later_file_overrides_the_line": {"etc/default/grub.d/zzz-late.cfg": 'GRUB_CMDLINE_LINUX=""\n'},
     "no_proc_cmdline": {},
+    "special_parameter": {"etc/default/grub.d/10-site.cfg": 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX $1"\n'},
+    "unterminated_brace": {"etc/default/grub.d/10-site.cfg": 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX"\n'},
 }
 
 
@@ -309,6 +356,8 @@ def run_case(tmp_path, case):
         run = Grubby(capture, default, obey, fail)
     else:
         run = live_grub(fail_update=runner == "fail") if mode == "live" else None
+        if mode == "live" and runner == "none":
+            run.no_tool = True
     out = []
     for item in steps:
         if item[0] == "edit":
