@@ -17,12 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._preflight import DRIFT_ROLES
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import sampling_result
 
 KINDS = ("diagnose", "preflight", "drift")
-# The roles tune.yml runs, whose ``<role>_report`` facts make the drift report, in the report's order.
-TUNE_ROLES = ("nic_irq_pinning", "irqbalance", "isolcpus", "cpusets", "cpu_power", "slurm_cpuspec", "nccl_topology",
-              "checkpoint_staging")
 FAILED = {
     "preflight": "the host failed or was unreachable before its checks ran",
     "drift": "the host failed or was unreachable: its roles did not finish",
@@ -60,7 +58,8 @@ def _preflight(hv):
 
 
 def _drift(hv):
-    return dict((role, hv[role + "_report"]) for role in TUNE_ROLES if role + "_report" in hv)
+    # the roles tune.yml runs, whose ``<role>_report`` facts make the drift report (_preflight.DRIFT_ROLES, in order)
+    return dict((role, hv[role + "_report"]) for role in DRIFT_ROLES if role + "_report" in hv)
 
 
 def collect_play(hostvars, kind, hosts, running_hosts):

@@ -22,7 +22,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._cluster_report imp
 )
 
 FILTERS = FilterModule().filters()
-NAMES = ["cluster_report_html", "cluster_report_junit", "cluster_report_lines", "cluster_report_markdown"]
+NAMES = ["cluster_report_html", "cluster_report_junit", "cluster_report_lines", "cluster_report_markdown", "collect_play"]
 
 
 def _finding(check, status, message, fatal=False, fix=None):

@@ -8,7 +8,6 @@ preflight, against local hosts) and in the lab (tune.yml's drift report in every
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest

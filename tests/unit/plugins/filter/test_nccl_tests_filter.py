@@ -52,8 +52,8 @@ def test_parse_compare_and_sweep():
     assert lines[4:6] == ["| size (bytes) | default | simple |", "|---:|---:|---:|"]
     rows = [line for line in lines if line.startswith("| 67108864 ")]
     row = next(r for r in sweep["table"] if r["size"] == 67108864)
-    assert rows == ["| 67108864 * | %s | %s (%+.1f%%) |" % (row["busbw_gbps"]["default"], row["busbw_gbps"]["simple"],
-                                                             row["gain_pct"]["simple"])]
+    cells = (row["busbw_gbps"]["default"], row["busbw_gbps"]["simple"], row["gain_pct"]["simple"])
+    assert rows == ["| 67108864 * | %s | %s (%+.1f%%) |" % cells]
     assert len([line for line in lines if line.startswith("| ") and line[2].isdigit()]) == len(sweep["table"])
     assert lines[-3:] == ["**Recommendation:** `NCCL_PROTO=simple` (change from default).", "", sweep["reason"]]
 

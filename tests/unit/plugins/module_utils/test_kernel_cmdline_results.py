@@ -265,8 +265,7 @@ CASES.update({
     "grubby_default_kernel_unknown": (None, "grubby", {"running": RHEL_RUNNING}, [({"parameters": ISOL}, True)],
                                       ("rhel8.6-info-all.txt", "/boot/vmlinuz-9.9", True, None)),
     "grubby_memdisk_entries": (None, "grubby", {"running": RHEL_RUNNING}, [({"parameters": ISOL}, True)],
-                              ("c-grubby-memdisk-info.txt", "/boot/memdisk", True, None)),
-    # bootloader auto on a tree: update-grub under the tree's root decides grub_debian; grubby alone is refused there
+                               ("c-grubby-memdisk-info.txt", "/boot/memdisk", True, None)),
     # the shell forms a hand-edited /etc/default/grub takes, evaluated without a shell on a tree
     "tree_shell_forms": ("debian12", "tree", {"files": {"etc/default/grub.d/10-site.cfg": (
         'A=nohz_full=1\nB="${A} ${UNSET:-quiet} ${A:+rcu_nocbs=1} $A"\n'
@@ -277,6 +276,7 @@ CASES.update({
         "etc/default/grub.d/zzz-a.cfg": 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX quiet"\n',
         "etc/default/grub.d/zzz-b.cfg": 'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT quiet=2"\n'}},
         [({"remove": ["quiet"]}, False), ({"remove": ["quiet"], "state": "absent"}, False)], None),
+    # bootloader auto on a tree: update-grub under the tree's root decides grub_debian; grubby alone is refused there
     "tree_auto_finds_update_grub": ("debian12", "tree", {"files": {"usr/sbin/update-grub": "#!/bin/sh\n"}},
                                     [({"parameters": ISOL, "bootloader": "auto"}, True)], None),
     "tree_auto_finds_only_grubby": ("debian12", "tree", {"files": {"usr/sbin/grubby": "#!/bin/sh\n"}},

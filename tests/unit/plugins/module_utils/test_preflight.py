@@ -25,6 +25,7 @@ import modharness
 from modharness import Exit, Fail
 from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_install, _persist
 from ansible_collections.gpunode.tuning.plugins.module_utils import _preflight as P
+from ansible_collections.gpunode.tuning.plugins.module_utils._play_collect import collect_play
 from ansible_collections.gpunode.tuning.plugins.module_utils._preflight import PreflightError
 from ansible_collections.gpunode.tuning.plugins.modules import checkpoint_staging, gpu_health
 
@@ -197,9 +198,11 @@ def test_drift_changes_from_every_report_kind():
 
 
 def test_tune_playbook_gathers_every_drift_role():
+    """tune.yml gathers the role reports with collect_play('drift'), which takes every role of DRIFT_ROLES."""
     text = (ROOT / "playbooks" / "tune.yml").read_text()
-    roles = re.search(r"for role in \[([^\]]*)\]", text).group(1)
-    assert tuple(r.strip().strip("'") for r in roles.split(",")) == P.DRIFT_ROLES
+    assert "gpunode.tuning.collect_play('drift', ansible_play_hosts_all, ansible_play_hosts)" in text
+    hostvars = {"n1": dict((role + "_report", {"role": role}) for role in P.DRIFT_ROLES)}
+    assert tuple(collect_play(hostvars, "drift", ["n1"], ["n1"])["n1"]["reports"]) == P.DRIFT_ROLES
 
 
 def test_the_policy_file_lists_every_check_the_modules_emit():

@@ -45,7 +45,10 @@ def test_a_job_still_running_did_not_finish_in_time():
 
 
 def test_no_playbook_resolves_the_job_in_jinja_any_more():
+    """diagnose.yml and preflight.yml resolve the sampling job through collect_play, which calls sampling_result."""
     for name in ("diagnose.yml", "preflight.yml"):
         text = (ROOT / "playbooks" / name).read_text()
-        assert "softnet_sampling_result" in text
+        assert "gpunode.tuning.collect_play(" in text
         assert ".finished" not in text and "ansible_job_id is not defined" not in text, name
+    source = (ROOT / "plugins" / "module_utils" / "_play_collect.py").read_text()
+    assert "sampling_result(" in source
