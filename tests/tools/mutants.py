@@ -159,8 +159,8 @@ def summarise(mutants):
 # A mutant is code nobody reviewed, and the suite runs as root: a mutant of kernel_cmdline that dropped the root
 # of a tree wrote a test's GRUB files into this machine's /etc/default/grub, /etc/default/grub.d and
 # /var/lib/gpunode-tuning (2026-12-05). As root, mutmut therefore runs in a private mount namespace where / (with
-# /etc, /var, /run, /boot and the repository), /proc and /sys are read-only; only the scratch copy and /tmp (pytest's
-# tmp_path) can be written. A mutant that writes outside them fails its tests (EROFS) and counts as killed, which is
+# /etc, /var, /run, /boot, the repository unless under /tmp), /proc and /sys are read-only; only the scratch copy
+# and /tmp (pytest's tmp_path) can be written. A mutant that writes outside them fails its tests (EROFS) and counts as killed, which is
 # right: it would have written to the host.
 SANDBOX = r"""
 set -e
