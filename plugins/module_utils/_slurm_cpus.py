@@ -95,17 +95,22 @@ def _cpuset(cpu_dir, online_set, cpu, *names):
     None; a set with no online CPU is the CPU itself."""
     for name in names:
         path = join(cpu_dir, "cpu%d" % cpu, "topology", name)
-        if name.endswith("_list"):
-            value = read_cpulist(path)
-        else:
-            text = read_text(path)
-            try:
-                value = parse_cpumask(text) if text else None
-            except CpuListError:
-                value = None
+        value = _cpus_of(path, None) if name.endswith("_list") else _cpus_of(None, path)
         if value:
             return frozenset(set(value) & online_set) or frozenset([cpu])
     return None
+
+
+def _cpus_of(list_path, mask_path):
+    """The CPUs of a sysfs ``*_list`` file, else of the ``*_map``/mask file beside it; None when neither reads."""
+    value = read_cpulist(list_path) if list_path else None
+    if value is None and mask_path:
+        text = read_text(mask_path)
+        try:
+            value = parse_cpumask(text) if text else None
+        except CpuListError:
+            value = None
+    return value
 
 
 def _cpu_record(cpu_dir, cpu, online_set, notes):
@@ -182,13 +187,7 @@ def _l3_of(cpu_dir, cpu, online_set):
         if not name.startswith("index"):
             continue
         if read_text(join(cache_dir, name, "level")) == "3" and read_text(join(cache_dir, name, "type"), "Unified") in ("Unified", "Data"):
-            shared = read_cpulist(join(cache_dir, name, "shared_cpu_list"))
-            if shared is None:
-                text = read_text(join(cache_dir, name, "shared_cpu_map"))
-                try:
-                    shared = parse_cpumask(text) if text else None
-                except CpuListError:
-                    shared = None
+            shared = _cpus_of(join(cache_dir, name, "shared_cpu_list"), join(cache_dir, name, "shared_cpu_map"))
             if shared:
                 return frozenset(set(shared) & online_set) or frozenset([cpu])
     return None
