@@ -134,7 +134,7 @@ def module_cpu(tree, interval, runs):
         assert json.loads(out)["verdict"], out
         process_cpu.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
     sys.path.insert(0, str(COLLECTIONS))
-    from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import run_check
+    from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.check import run_check
 
     inproc = []
     for dummy in range(runs):

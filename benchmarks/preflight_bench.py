@@ -77,7 +77,7 @@ def run_play(inventory, report_dir, interval, forks):
 
 def report_cpu(report_dir):
     """CPU seconds of the controller side alone, from the run's cluster.json: re-render the four formats."""
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _cluster_report as C
+    from ansible_collections.gpunode.tuning.plugins.module_utils._report import cluster as C
 
     report = json.loads((Path(report_dir) / "cluster.json").read_text())
     hosts = dict((h["host"], {"findings": [f for f in h["findings"] if not C.is_host_error(f)], "error": h["error"]})

@@ -4,28 +4,28 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Controller-side rendering of a cluster report (preflight gate, drift). Documentation: the YAML files beside this one.
 
-Thin wrappers over ``module_utils/_cluster_report``, where the report is built (``build_report``) and rendered;
+Thin wrappers over ``module_utils/_report/cluster``, where the report is built (``build_report``) and rendered;
 they only turn bad input into ``AnsibleFilterError``:
 
 * ``cluster_report_markdown(report)``, ``cluster_report_html(report)`` and ``cluster_report_junit(report)``
   give the Markdown, self-contained HTML and JUnit XML texts;
 * ``cluster_report_lines(report, limit=10)`` the lines of a closing debug summary;
 * ``collect_play(hostvars, kind, hosts, running_hosts)`` each host's inputs to a report, from the variables its
-  play left (``module_utils/_play_collect``): the one loop over hostvars of diagnose.yml, preflight.yml and tune.yml.
+  play left (``module_utils/_report/play_collect``): the one loop over hostvars of diagnose.yml, preflight.yml and tune.yml.
 """
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cluster_report import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.cluster import (
     ClusterReportError,
     render_html,
     render_junit,
     render_lines,
     render_markdown,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._play_collect import CollectError, collect_play
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.play_collect import CollectError, collect_play
 
 
 def _wrap(name, func):

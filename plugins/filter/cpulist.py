@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import (
     CpuListError,
     cpulist_difference,
     cpulist_intersection,

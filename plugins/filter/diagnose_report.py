@@ -18,9 +18,9 @@ import html
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import format_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import sampling_result
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import format_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.check import sampling_result
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.verdict import (
     DEFAULT_THRESHOLDS,
     RULES,
     describe_findings,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._nccl_tests import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nccl_tests import (
     NcclTestsError,
     compare_busbw,
     parse_nccl_tests,

@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Controller-side preflight gate and drift report. Documentation: the YAML files beside this one.
 
-Thin wrappers over ``module_utils/_preflight`` (findings and policy) and ``module_utils/_cluster_report`` (the
+Thin wrappers over ``module_utils/_report/preflight`` (findings and policy) and ``module_utils/_report/cluster`` (the
 report); they only turn bad input into ``AnsibleFilterError``:
 
 * ``preflight_policy(policy)`` validates a policy (playbooks/files/preflight_policy.yml is the default);
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cluster_report import ClusterReportError, build_report
-from ansible_collections.gpunode.tuning.plugins.module_utils._findings import FindingError
-from ansible_collections.gpunode.tuning.plugins.module_utils._preflight import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.cluster import ClusterReportError, build_report
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.findings import FindingError
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.preflight import (
     PreflightError,
     check_policy,
     collect,

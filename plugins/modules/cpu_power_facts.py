@@ -355,9 +355,9 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_power import CpuPowerError, cpu_power_facts
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import missing_cpu_root, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.power import CpuPowerError, cpu_power_facts
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import missing_cpu_root, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(
     governor=dict(type="str", default="performance"),

@@ -117,13 +117,13 @@ notes:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_power_settings import SettingsError, apply, kernel_check, plan
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.power_settings import SettingsError, apply, kernel_check, plan
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import (
     exit_with, is_live_root, missing_cpu_root, module_runner, roots_mixed)
-from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline import COMMANDS as KERNEL_COMMANDS
-from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline import TREE_COMMANDS, tree_which
-from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
-from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import COMMANDS as KERNEL_COMMANDS
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import TREE_COMMANDS, tree_which
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import root_of
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(
     enable_idle_states=dict(type="bool", default=False),

@@ -14,7 +14,7 @@ version_added: 0.1.0
 description:
   - Splits the node's online CPUs into B(housekeeping) (the NIC IRQ CPUs plus reserved ones, where system services
     run) and B(workload) (the rest), with the collection's one implementation of the split (module_utils
-    C(_cpu_partition)), and makes systemd keep them apart on cgroup v2.
+    C(_parse.cpu_partition)), and makes systemd keep them apart on cgroup v2.
   - For each of O(housekeeping_units) it writes C(/etc/systemd/system/UNIT.d/DROPIN_NAME) with C(AllowedCPUs=) the
     housekeeping CPUs (section C([Slice]), or C([Scope]) for a scope); it writes the slice
     C(/etc/systemd/system/WORKLOAD_SLICE) with C(AllowedCPUs=) the workload CPUs. With O(cpu_affinity) also
@@ -276,10 +276,10 @@ warnings:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpuset_slices import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.cpuset_slices import (
     ARGUMENT_SPEC, MUTUALLY_EXCLUSIVE, SliceError, converge, is_live, roots_problem)
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import exit_with, module_runner
-from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 
 # Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).

@@ -116,9 +116,9 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import module_runner
-from ansible_collections.gpunode.tuning.plugins.module_utils._gpu_health import GpuHealthError, gpu_health
-from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.health import GpuHealthError, gpu_health
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(
     dcgm_level=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),

@@ -79,7 +79,7 @@ options:
       - CPU isolation as one setting, what the C(gpunode.tuning.isolcpus) role passes - C(isolcpus=<flags>,<cpus>), and
         C(nohz_full=) / C(rcu_nocbs=) with the same CPUs when asked. The CPUs are checked against the node's present
         CPUs (O(sysfs_path)) - a CPU it does not have, every CPU (no housekeeping CPU left) and CPU 0 without
-        O(isolate.allow_cpu0) are refused - by the collection's CPU split code (module_utils/_cpu_partition).
+        O(isolate.allow_cpu0) are refused - by the collection's CPU split code (module_utils/_parse/cpu_partition).
       - With O(state=present) an isolation key not asked for any more (C(nohz_full) after O(isolate.nohz_full=false))
         is given back; with O(state=absent) every isolation key the module manages is.
     type: dict
@@ -269,8 +269,8 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import exit_with, is_live_root, module_runner
-from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, is_live_root, module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import (
     ARGUMENT_SPEC,
     COMMANDS,
     MUTUALLY_EXCLUSIVE,
@@ -279,8 +279,8 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline imp
     converge,
     tree_which,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import KernelCmdlineError
-from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot.args import KernelCmdlineError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 
 # Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).

@@ -214,9 +214,9 @@ nccl_log_status:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import exit_with, is_live_root, module_runner
-from ansible_collections.gpunode.tuning.plugins.module_utils._nccl_topo import ARGUMENT_SPEC, REQUIRED_IF, TopoError, converge
-from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, is_live_root, module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nccl_topo import ARGUMENT_SPEC, REQUIRED_IF, TopoError, converge
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 
 # Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).

@@ -257,11 +257,11 @@ irqbalance:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, exit_with, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError, exit_with, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import (
     DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, run_desired_state)
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
-from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC, **PIN_ARGUMENT_SPEC)
 

@@ -358,10 +358,10 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, check_roots, roots_mixed, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import root_of
-from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import read_irqbalance
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError, check_roots, roots_mixed, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import root_of
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance import read_irqbalance
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import (
     IRQ_AFFINITY_FORMATS,
     SELECTOR_ARGUMENT_SPEC,
     SELECTOR_KEYS,
@@ -370,8 +370,8 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._nic import (
     add_cpulist_strings,
     read_nic,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology
-from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.topology import read_topology
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC, irq_affinity_format=dict(type="str", choices=list(IRQ_AFFINITY_FORMATS), default="string"))
 

@@ -290,19 +290,20 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import LockError, TreeError, exit_with, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import LockError, TreeError, exit_with, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import (
     DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, pin_lock, release_rps, restore_pins, restore_rps_masks, root_of,
     run_desired_state, stored_desired_state, verify_pins)
 # Imported so that AnsiballZ ships the entry point's whole import closure, which is installed from this payload.
-from ansible_collections.gpunode.tuning.plugins.module_utils._irq_pin_cli import main as _entry_point_main  # noqa: F401
-from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state import SETTINGS_SPEC, StateError, finish, os_family, prepare
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
-from ansible_collections.gpunode.tuning.plugins.module_utils._persist import (
-    HEADER, PKG_DIR, RECHECK_UNIT, TIMER, UDEV_RULE, UNIT, UNIT_DIR, PersistError, apply_files, installed_library, owned_paths,
-    plan_files, render, rollback_files, rooted, systemctl_show)
-from ansible_collections.gpunode.tuning.plugins.module_utils._rps import rps_drift
-from ansible_collections.gpunode.tuning.plugins.module_utils._validate import InputError, check_own_file, validate_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_cli import main as _entry_point_main  # noqa: F401
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance_state import SETTINGS_SPEC, StateError, finish, os_family, prepare
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import (
+    UNIT_DIR, PersistError, apply_files, plan_files, rollback_files, rooted, systemctl_show)
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.payload import PKG_DIR, installed_library
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.persist import HEADER, RECHECK_UNIT, TIMER, UDEV_RULE, UNIT, owned_paths, render
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.rps import rps_drift
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import InputError, check_own_file, validate_module
 
 ARGUMENT_SPEC = dict(
     SELECTOR_ARGUMENT_SPEC,

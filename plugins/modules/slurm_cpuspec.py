@@ -65,7 +65,7 @@ options:
         the node itself); C({sockets: [CPU lists], cores: [CPU lists]}) or a list of C({cpu, socket, core}); or
         C({sockets: N, cores_per_socket: N, threads_per_core: N}) for a node whose Linux ids already are Slurm's (QEMU
         guests, machines with adjacent siblings). Slurm numbers sockets and cores in hwloc's logical order (lowest CPU
-        first) - see module_utils/_slurm_cpus.
+        first) - see module_utils/_slurm/cpus.
       - A node whose line has C(CPUs=) equal to its core count on SMT hardware gets core ids, as Slurm then counts
         cores (RV(nodes) C(ids=cores)).
       - With O(state=absent) only C(name) counts.
@@ -182,10 +182,10 @@ verified:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import exit_with, module_runner
-from ansible_collections.gpunode.tuning.plugins.module_utils._slurm_cpuspec import ARGUMENT_SPEC, converge
-from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.cpuspec import ARGUMENT_SPEC, converge
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 
 # Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).

@@ -135,7 +135,7 @@ notes:
   - The rules, the thresholds and the measurements behind them are explained in the collection's
     C(docs/verdicts.md).
   - The threshold defaults above are the ones the verdict code uses (C(DEFAULT_THRESHOLDS) in the collection's
-    C(_softnet_verdict) module_utils); a unit test keeps the two equal.
+    C(_softnet.verdict) module_utils); a unit test keeps the two equal.
 seealso:
   - module: gpunode.tuning.nic_irq_facts
   - module: gpunode.tuning.nic_irq_affinity
@@ -586,11 +586,11 @@ import math
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import TreeError, check_roots, roots_mixed, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError, check_selector
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import DEFAULT_INTERVAL, SoftnetError, run_check
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import DEFAULT_THRESHOLDS
-from ansible_collections.gpunode.tuning.plugins.module_utils._validate import validate_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError, check_roots, roots_mixed, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError, check_selector
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.check import DEFAULT_INTERVAL, SoftnetError, run_check
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.verdict import DEFAULT_THRESHOLDS
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(
     SELECTOR_ARGUMENT_SPEC,

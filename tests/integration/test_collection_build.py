@@ -25,7 +25,7 @@ def test_build_install_and_ansible_doc_list_every_plugin(tmp_path):
     members = run(["tar", "-tzf", str(tarballs[0])]).split()
     # Dev-only files stay out of the artifact (galaxy.yml build_ignore).
     assert not [m for m in members if m.startswith((".venv", "build/", "molecule/", "tests/lab", ".ci"))]
-    assert "plugins/module_utils/_cpulist.py" in members
+    assert "plugins/module_utils/_parse/cpulist.py" in members
 
     install_root = tmp_path / "collections"
     # Only the fresh install is visible: not the checkout the other tests use.

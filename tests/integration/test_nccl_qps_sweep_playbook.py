@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils import _nccl_tests
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu import nccl_tests as _nccl_tests
 
 ROOT = Path(__file__).resolve().parents[2]
 # The Ansible of the interpreter that runs the tests (the CI matrix runs them on each supported ansible-core).

@@ -28,7 +28,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 import treegen  # noqa: E402
-from ansible_collections.gpunode.tuning.plugins.module_utils import _persist  # noqa: E402
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import payload as _payload  # noqa: E402
 
 PLAY = """
 - name: nic_irq_persist on a generated tree
@@ -63,7 +63,7 @@ def run(tmp_path, tree, *extra):
 def library(root):
     lib = Path(root) / LIB
     return {str(p.relative_to(lib)): p.read_bytes() for p in sorted(lib.rglob("*"))
-            if p.is_file() and "__pycache__" not in str(p) and p.name != _persist.MANIFEST}
+            if p.is_file() and "__pycache__" not in str(p) and p.name != _payload.MANIFEST}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the module installs files owned by root")
@@ -71,22 +71,22 @@ def test_payload_library_is_exact_idempotent_and_repairs_drift(tmp_path):
     tree = treegen.build_tree(tmp_path / "t", treegen.lab_virtio())
     changed, _out = run(tmp_path, tree)
     assert changed == 1
-    want = _persist.library_files()
+    want = _payload.library_files()
     assert library(tree.root) == want
-    assert "ansible_collections/gpunode/tuning/plugins/module_utils/_irq_pin_cli.py" in want
+    assert "ansible_collections/gpunode/tuning/plugins/module_utils/_nic_irq/pin_cli.py" in want
     for path in (Path(tree.root) / LIB).rglob("*"):
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == (0o755 if path.is_dir() else 0o644), (path, oct(mode))
     assert run(tmp_path, tree)[0] == 0, "second run changed something"
 
-    pkg = Path(tree.root) / LIB / _persist.PKG_DIR
-    edited, remoded, stale, foreign = pkg / "_cpulist.py", pkg / "_nic.py", pkg / "_gone.py", pkg / "_site_local.py"
+    pkg = Path(tree.root) / LIB / _payload.PKG_DIR
+    edited, remoded, stale, foreign = pkg / "_parse/cpulist.py", pkg / "_nic_irq/nic.py", pkg / "_gone.py", pkg / "_site_local.py"
     edited.write_text("# edited on the node\n")
     remoded.chmod(0o600)
     stale.write_text("")                        # installed by an earlier version: in the manifest
     foreign.write_text("# not the collection's\n")
-    manifest = Path(tree.root) / LIB / _persist.MANIFEST
-    manifest.write_text(json.dumps(json.loads(manifest.read_text()) + [_persist.PKG_DIR + "/_gone.py"]))
+    manifest = Path(tree.root) / LIB / _payload.MANIFEST
+    manifest.write_text(json.dumps(json.loads(manifest.read_text()) + [_payload.PKG_DIR + "/_gone.py"]))
     cache = pkg / "__pycache__" / "_nic.cpython-311.pyc"
     cache.parent.mkdir()
     cache.write_bytes(b"\0")

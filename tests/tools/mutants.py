@@ -15,7 +15,7 @@ for ``ansible-test sanity`` to scan) with mutmut's ``setup.cfg`` written beside 
 The copy is the files git would ship (tracked and untracked, not ignored), as ``./run.sh sanity`` does.
 
 Usage: ``mutants.py [AREA|PATH...]``; no argument runs every area in the order below (most central
-first). A PATH (``plugins/module_utils/_cpulist.py``) mutates that file only, with its area's tests.
+first). A PATH (``plugins/module_utils/_parse/cpulist.py``) mutates that file only, with its area's tests.
 Per area, ``reports/mutants/AREA.json`` and ``AREA.md`` (git-ignored) get the counts and every
 surviving mutant with its diff. Exit status 0 when every area ran (survivors are a result, not an
 error), 1 when mutmut failed, 2 for an unknown argument. ``MUTANTS_JOBS`` (default 2) mutants run in parallel;
@@ -40,38 +40,38 @@ UM = "tests/unit/plugins/modules/"
 
 # area -> (files to mutate, tests that cover them), most central first.
 AREAS = {
-    "validate": ([MU + "_validate.py"],
+    "validate": ([MU + "_host/validate.py"],
                  [UT + "test_validate.py", UT + "test_validate_mutants.py", UM + "test_hostile_options.py"]),
-    "cpulist": ([MU + "_cpulist.py"],
+    "cpulist": ([MU + "_parse/cpulist.py"],
                 [UT + "test_cpulist.py", UT + "test_cpulist_mutants.py", UT + "test_slurm_cpus.py",
                  UT + "test_cpu_partition.py"]),
-    "ckpt_copier": ([MU + "_ckpt_copier.py"], [UT + "test_ckpt_copier.py", UT + "test_ckpt_copier_hostile.py"]),
+    "ckpt_copier": ([MU + "_checkpoint/copier.py"], [UT + "test_ckpt_copier.py", UT + "test_ckpt_copier_hostile.py"]),
     "irq_placement": (
-        [MU + "_irq_affinity.py", MU + "_topology.py"],
+        [MU + "_nic_irq/affinity.py", MU + "_host/topology.py"],
         [UT + "test_irq_affinity.py", UT + "test_irq_affinity_numa_local.py", UT + "test_topology.py",
          UM + "test_nic_irq_persist.py"],
     ),
     "slurm": (
-        [MU + "_slurm_conf.py", MU + "_slurm_cpus.py"],
+        [MU + "_slurm/conf.py", MU + "_slurm/cpus.py"],
         [UT + "test_slurm_conf.py", UT + "test_slurm_cpus.py", UM + "test_slurm_cpuspec.py"],
     ),
     "kernel_cmdline": (
-        [MU + "_kernel_cmdline.py", MU + "_kernel_cmdline_args.py", MU + "_kernel_cmdline_grub.py",
-         MU + "_kernel_cmdline_grubby.py"],
+        [MU + "_boot/kernel_cmdline.py", MU + "_boot/args.py", MU + "_boot/grub.py",
+         MU + "_boot/grubby.py"],
         [UT + "test_kernel_cmdline.py", UT + "test_kernel_cmdline_results.py", UM + "test_kernel_cmdline.py"],
     ),
-    "cpu_power": ([MU + "_cpu_power.py"], [UT + "test_cpu_power.py", UM + "test_cpu_power_modules.py"]),
+    "cpu_power": ([MU + "_cpu/power.py"], [UT + "test_cpu_power.py", UM + "test_cpu_power_modules.py"]),
     "gpu_findings": (
-        [MU + "_nvidia_smi.py", MU + "_dcgmi.py", MU + "_gpu_health.py"],
+        [MU + "_gpu/nvidia_smi.py", MU + "_gpu/dcgmi.py", MU + "_gpu/health.py"],
         [UT + "test_nvidia_smi.py", UT + "test_dcgmi.py", UT + "test_gpu_health_results.py",
          UM + "test_preflight_modules.py"],
     ),
     "preflight": (
-        [MU + "_preflight.py"],
+        [MU + "_report/preflight.py"],
         [UT + "test_preflight.py", UT + "test_preflight_findings.py", UM + "test_preflight_modules.py"],
     ),
     "softnet_verdict": (
-        [MU + "_softnet_verdict.py"],
+        [MU + "_softnet/verdict.py"],
         [UT + "test_softnet_verdict.py", UT + "test_softnet.py", UT + "test_softnet_issue28.py",
          UT + "test_softnet_verdict_numbers.py"],
     ),

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_copier as cc
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import copier as cc
 
 
 def mounted(tmp_path, target, source="server:/export"):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import format_cpulist, parse_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import format_cpulist, parse_cpulist
 
 
 def _write(path, text):

@@ -43,7 +43,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 
 _UNITS_KHZ = {"ghz": 1000000, "mhz": 1000, "khz": 1}
 _FREQ_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(GHz|MHz|kHz)", re.IGNORECASE)

@@ -111,7 +111,7 @@ def test_no_readme_line_is_over_200_characters():
 
 def test_the_readme_lists_every_verdict_diagnose_can_emit_and_no_other():
     from ansible_collections.gpunode.tuning.plugins.filter.diagnose_report import VERDICT_ORDER
-    from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import RULES, VERDICTS
+    from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.verdict import RULES, VERDICTS
     listed = _first_column(_section((ROOT / "README.md").read_text(), "### Diagnose verdicts"))
     assert len(listed) == len(set(listed))
     assert set(listed) == set(VERDICT_ORDER) and set(VERDICTS) <= set(listed)
@@ -119,7 +119,7 @@ def test_the_readme_lists_every_verdict_diagnose_can_emit_and_no_other():
 
 
 def test_the_readme_explains_every_finding_status():
-    from ansible_collections.gpunode.tuning.plugins.module_utils._findings import STATUSES
+    from ansible_collections.gpunode.tuning.plugins.module_utils._report.findings import STATUSES
     listed = _first_column(_section((ROOT / "README.md").read_text(), "### Finding statuses"))
     assert sorted(listed) == sorted(STATUSES)
 
@@ -144,7 +144,7 @@ def test_the_unit_step_installs_grub_common_for_the_real_grub_mkconfig_test():
 
 
 def test_the_readme_maps_each_softnet_verdict_to_its_preflight_status():
-    from ansible_collections.gpunode.tuning.plugins.module_utils._preflight import SOFTNET_STATUS
+    from ansible_collections.gpunode.tuning.plugins.module_utils._report.preflight import SOFTNET_STATUS
     text = " ".join((ROOT / "README.md").read_text().split())
     for verdict, status in SOFTNET_STATUS.items():
         assert "`%s` for `%s`" % (status, verdict) in text, (verdict, status)

@@ -606,7 +606,7 @@ def snapshot_tree(root):
     """Every file and link under ``root``: a link as ("link", target), a file as (sha256 of its bytes, its mode
     bits), so that a test can show a run changed nothing (or exactly what it planned). The NIC IRQ pin lock under
     run/ is left out: a runtime lock that every run that pins leaves in place, empty, by design."""
-    from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import PIN_LOCK
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import PIN_LOCK
     out = {}
     for base, _dirs, files in os.walk(root):
         for name in files:

@@ -176,7 +176,7 @@ def test_fresh_check_plan_was_applied():
     for path in (CONFIG, ENTRY, "/etc/systemd/system/gpunode-ckpt-copier.path",
                  "/etc/systemd/system/gpunode-ckpt-copier.timer", "/etc/systemd/system/gpunode-ckpt-copier.service",
                  "/var/lib/ckpt-staging", "/usr/local/lib/gpunode-ckpt-copier/ansible_collections/gpunode/tuning/plugins/"
-                 "module_utils/_ckpt_copier.py"):
+                 "module_utils/_checkpoint/copier.py"):
         assert plan.get(path) == "create", (path, plan)
     assert set(plan.values()) == {"create"}, plan
     # Everything the fresh plan listed is there now (check mode wrote none of it: prepare.yml).

@@ -86,7 +86,7 @@ def test_converged_gpu_node_pins_irqbalance_and_persistence():
     assert desired["pci_address"] == GPU["pci"]
     assert "interface" not in desired and desired["count"] == 4
     assert h.file(ENTRY).mode == 0o755
-    assert h.file(LIB + "/ansible_collections/gpunode/tuning/plugins/module_utils/_irq_pin_cli.py").exists
+    assert h.file(LIB + "/ansible_collections/gpunode/tuning/plugins/module_utils/_nic_irq/pin_cli.py").exists
     # The installed entry point, run by hand in check mode, agrees: nothing to change.
     out = h.check_output("%s --check %s" % (ENTRY, STATE))
     assert "no change" in out and "(would_change)" not in out, out

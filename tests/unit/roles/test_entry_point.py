@@ -4,8 +4,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The boot-time entry point of nic_irq_pinning, installed the way nic_irq_persist installs it.
 
-The library tree is the import closure of ``_irq_pin_cli`` that the module
-installs (``_persist.library_files``), the entry point is the module's own
+The library tree is the import closure of ``_nic_irq.pin_cli`` that the module
+installs (``_payload.library_files``), the entry point is the module's own
 rendering, and it runs in a separate, isolated Python (-I: no PYTHONPATH, no
 script directory) against a generated tree of the lab's gpu-node guest. So
 these tests fail if the closure misses a module_utils file or an __init__.py,
@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils import _persist
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import persist as _nic_persist
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import payload as _payload
 from treegen import build_tree, lab_virtio
 
 
@@ -33,11 +34,11 @@ from treegen import build_tree, lab_virtio
 def installed(tmp_path):
     """lib dir + entry point, as nic_irq_persist lays them out."""
     lib = tmp_path / "lib"
-    for rel, data in _persist.library_files().items():
+    for rel, data in _payload.library_files().items():
         (lib / rel).parent.mkdir(parents=True, exist_ok=True)
         (lib / rel).write_bytes(data)
     entry = tmp_path / "gpunode-nic-irq-pin"
-    entry.write_text(_persist.entry_point(sys.executable, str(lib), entry.name))
+    entry.write_text(_nic_persist.entry_point(sys.executable, str(lib), entry.name))
     entry.chmod(0o755)
     return entry
 
@@ -134,7 +135,7 @@ def test_a_closed_interface_is_not_an_error_and_says_when_it_will_be_pinned(inst
 def test_irqs_that_appear_while_waiting_are_pinned_in_the_same_run(lab):
     """The boot unit runs before the interface is opened: it waits (bounded) and pins
     the IRQs as soon as the driver requests them."""
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_pin_cli
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import pin_cli as _irq_pin_cli
 
     tree, state = lab
     _close_interface(tree, tree.irqs("enp66s1"))
@@ -197,7 +198,7 @@ def test_sigterm_while_waiting_for_the_interface_ends_the_wait_at_once_and_is_no
 def test_sigterm_during_a_pass_finishes_every_pin_of_it_then_stops(lab):
     """A restart never leaves half the queues pinned: the signal that arrives while the pass
     reads the NIC is noted, the pass writes every pin and prints them, and the run stops after it."""
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_pin_cli
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import pin_cli as _irq_pin_cli
 
     tree, state = lab
     sent = []
@@ -228,7 +229,7 @@ def _hold_pin_lock(tree):
     """Hold the tree's pin lock as the nic_irq_persist module does (a second open file description)."""
     import fcntl
 
-    from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import PIN_LOCK
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import PIN_LOCK
 
     path = Path(tree.proc).parent / PIN_LOCK
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -264,7 +265,7 @@ def test_a_run_waits_for_the_pin_lock_and_applies_the_state_file_written_meanwhi
 
 
 def test_a_lock_held_past_the_wait_is_an_error_naming_it_and_nothing_is_written(lab):
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_pin_cli
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import pin_cli as _irq_pin_cli
 
     tree, state = lab
     before = tree.all_affinities()

@@ -58,7 +58,7 @@ def test_every_variable_the_role_reads_is_public_or_internal(role):
 
 def test_templates_and_rendered_files_start_with_ansible_managed():
     """The roles' templates (none left: the modules render the files) and the files the modules render in their place."""
-    from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance_state import policy_script
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance_state import policy_script
 
     for template in sorted(p for role in ROLES for p in (ROOT / "roles" / role / "templates").glob("*.j2")):
         lines = template.read_text().splitlines()

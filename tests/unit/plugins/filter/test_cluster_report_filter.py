@@ -2,7 +2,7 @@
 # Copyright (c) gpunode.tuning contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The cluster_report_* filters: the same texts as module_utils/_cluster_report, bad input as AnsibleFilterError."""
+"""The cluster_report_* filters: the same texts as module_utils/_report/cluster, bad input as AnsibleFilterError."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpunode.tuning.plugins.filter.cluster_report import FilterModule
-from ansible_collections.gpunode.tuning.plugins.module_utils._cluster_report import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.cluster import (
     build_report,
     render_html,
     render_junit,

@@ -15,7 +15,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpunode.tuning.plugins.filter.cluster_report import FilterModule
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import sampling_result
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.check import sampling_result
 
 ROOT = Path(__file__).resolve().parents[4]
 collect_play = FilterModule().filters()["collect_play"]

@@ -22,7 +22,7 @@ from ansible_collections.gpunode.tuning.plugins.filter.diagnose_report import (
     diagnose_markdown,
     diagnose_summary,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.verdict import (
     DEFAULT_THRESHOLDS,
     RULES,
     describe_findings,

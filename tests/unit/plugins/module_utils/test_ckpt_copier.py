@@ -18,8 +18,9 @@ import pytest
 
 from ckpt_testlib import config, mounted, quiet_log
 
-from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_cli, _ckpt_copier as cc
-from ansible_collections.gpunode.tuning.plugins.module_utils._ckpt_copier import CopierError
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import cli as _ckpt_cli
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import copier as cc
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.copier import CopierError
 
 # SYNTHETIC mountinfo: / on ext4, /mnt/nfs on NFS v4, /local on an NVMe xfs.
 MOUNTINFO = (

@@ -22,8 +22,8 @@ import pytest
 
 from ckpt_testlib import config, quiet_log
 
-from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_copier as cc
-from ansible_collections.gpunode.tuning.plugins.module_utils import _preflight as P
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import copier as cc
+from ansible_collections.gpunode.tuning.plugins.module_utils._report import preflight as P
 
 
 @pytest.fixture
@@ -678,7 +678,7 @@ def test_hashlib_partial_name_is_bounded():
 
 @pytest.mark.parametrize("value", ["soon", "0", "-5", "nan", "inf"])
 def test_cli_bad_deadline_is_a_usage_error(tmp_path, capsys, value):
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_cli  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import cli as _ckpt_cli  # pylint: disable=import-outside-toplevel
     assert _ckpt_cli.main(["--deadline", value, str(tmp_path / "copier.json")]) == 2
     assert "--deadline %r is not a number of seconds above 0" % value in capsys.readouterr().err
 

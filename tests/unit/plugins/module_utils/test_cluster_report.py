@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cluster_report import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.cluster import (
     HOST_CHECK,
     ClusterReportError,
     build_report,
@@ -32,8 +32,8 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._cluster_report imp
     render_lines,
     render_markdown,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
-from ansible_collections.gpunode.tuning.plugins.module_utils._findings import finding
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.findings import finding
 
 XSD = Path(__file__).resolve().parents[2] / "fixtures" / "junit" / "junit-10.xsd"
 EVIL = "<script>alert('x')</script>"

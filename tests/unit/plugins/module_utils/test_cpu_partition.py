@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_partition import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpu_partition import (
     PartitionError, as_cpulists, split, unassigned)
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import format_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import format_cpulist
 
 ONLINE = list(range(16))
 

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils import _cpu_freq, _cpu_idle, _cpu_power, _virt
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu import freq as _cpu_freq
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu import idle as _cpu_idle
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu import power as _cpu_power
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import virt as _virt
 from cpupower_capture import parse_idle_info
 
 from cpuidle_tree import sysfs_from_idle_info

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import (
     MAX_CPUS,
     CpuListError,
     format_cpumask,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._dcgmi import DcgmiError, dcgm_findings, parse_dcgmi_diag
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.dcgmi import DcgmiError, dcgm_findings, parse_dcgmi_diag
 
 CAPTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu_health" / "dcgmi"
 

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import LockError, exclusive_lock
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import LockError, exclusive_lock
 from treegen import flock_held
 
 

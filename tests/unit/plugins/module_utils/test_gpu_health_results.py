@@ -6,7 +6,7 @@
 
 Mutation testing (benchmarks/mutation_results.md, area gpu_findings) found the parsers' values and the findings'
 messages, evidence and fixes tested by status and a few fields only (60.3 %). Each case below runs
-``_gpu_health.gpu_health`` on a generated sysfs tree (N NVIDIA GPUs on the bus) with a real capture
+``_gpu.health.gpu_health`` on a generated sysfs tree (N NVIDIA GPUs on the bus) with a real capture
 (fixtures/gpu_health, provenance in its README) or a runner that answers as the tools do (``nvidia-smi`` and
 ``dcgmi`` do not run here; the answers are the real captures, an exit 127, or a failure), and compares the whole
 result (PCI GPUs, parsed nvidia-smi and dcgmi, every finding, sources) with
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils import _gpu_health
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu import health as _gpu_health
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu_health"
 EXPECTED = FIXTURES / "expected" / "gpu_health_results.json"
@@ -280,7 +280,7 @@ BAD_VALUE_FIELDS = [
 def test_an_unreadable_value_is_refused_naming_its_xml_path(capture, tag, nth, field):
     import re
 
-    from ansible_collections.gpunode.tuning.plugins.module_utils._nvidia_smi import NvidiaSmiError, parse_nvidia_smi
+    from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nvidia_smi import NvidiaSmiError, parse_nvidia_smi
 
     text = (FIXTURES / "nvidia_smi" / ("telegraf_%s.xml" % capture)).read_text()
     match = list(re.finditer(r"<%s>([^<]*?)</%s>" % (tag, tag), text))[nth - 1]

@@ -13,8 +13,8 @@ import pytest
 
 import hostlist as reference
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
-from ansible_collections.gpunode.tuning.plugins.module_utils._hostlist import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.hostlist import (
     MAX_NAMES,
     HostlistError,
     compress,

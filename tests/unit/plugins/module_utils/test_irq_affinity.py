@@ -14,15 +14,15 @@ import os
 import pytest
 
 import treegen
-from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_pin_cli
-from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import pin_cli as _irq_pin_cli
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import (
     AffinityError,
     apply_plan,
     plan_affinity,
     run_desired_state,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import read_nic
-from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.topology import read_topology
 
 
 def state(tree, **selector):
@@ -371,7 +371,7 @@ def test_refusal_record_is_per_boot_and_per_irq_name(seed):
 
 
 def _irq_affinity_refusals(tree):
-    from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import read_refusals
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import read_refusals
     return read_refusals(tree.proc)
 
 
@@ -433,7 +433,7 @@ def test_missing_debugfs_is_unknown_and_does_not_stop_the_writes(seed):
     ("ioapic_unmanaged_8.txt", False),
 ])
 def test_read_managed_on_captured_debugfs_files(tmp_path, name, managed):
-    from ansible_collections.gpunode.tuning.plugins.module_utils._nic import read_managed
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import read_managed
     irqs = tmp_path / "sys" / "kernel" / "debug" / "irq" / "irqs"
     irqs.mkdir(parents=True)
     with open(os.path.join(CAPTURES, name)) as handle:

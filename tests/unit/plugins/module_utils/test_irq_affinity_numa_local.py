@@ -19,10 +19,10 @@ import glob
 import os
 
 import treegen
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import parse_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import plan_affinity
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import read_nic
-from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import parse_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import plan_affinity
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.topology import read_topology
 
 
 def gpu_tree(root, local_cpulist=None):

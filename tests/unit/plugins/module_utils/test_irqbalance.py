@@ -11,7 +11,7 @@ import os
 import pytest
 
 import treegen
-from ansible_collections.gpunode.tuning.plugins.module_utils._irqbalance import IrqbalanceError, parse_config, plan_ban, read_irqbalance
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance import IrqbalanceError, parse_config, plan_ban, read_irqbalance
 
 
 def _tree(tmp_path, **irqb):

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils import _kernel_cmdline as K
-from ansible_collections.gpunode.tuning.plugins.module_utils import _kernel_cmdline_grub as G
-from ansible_collections.gpunode.tuning.plugins.module_utils import _kernel_cmdline_grubby as B
-from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot import kernel_cmdline as K
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub as G
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grubby as B
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot.args import (
     KernelCmdlineError,
     merge,
     param_key,

@@ -7,7 +7,7 @@
 Mutation testing (benchmarks/mutation_results.md, area kernel_cmdline) found the planning and its refusals tested
 by outcome and a few fields (75.1 % of 4,222 mutants killed): the exact warnings, refusal messages and details, the
 marker's edit records, the files and diffs of a run, the grubby calls and the next boot's line were not held. Each
-case below runs ``_kernel_cmdline.converge`` over a sequence of steps on one node and records, per step, the whole
+case below runs ``_boot.kernel_cmdline.converge`` over a sequence of steps on one node and records, per step, the whole
 result and diff (or the error's message and details) and the files the step left; the sequences are compared with
 ``fixtures/kernel_cmdline/expected/converge_results.json``.
 
@@ -32,10 +32,10 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils import _kernel_cmdline as K
-from ansible_collections.gpunode.tuning.plugins.module_utils import _kernel_cmdline_grub as G
-from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
-from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import param_key, split_cmdline
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot import kernel_cmdline as K
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub as G
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot.args import param_key, split_cmdline
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "kernel_cmdline"
 EXPECTED = FIX / "expected" / "converge_results.json"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
-from ansible_collections.gpunode.tuning.plugins.module_utils._nccl_tests import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nccl_tests import (
     NcclTestsError,
     busbw_by_size,
     collective_name,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import treegen
-from ansible_collections.gpunode.tuning.plugins.module_utils._interrupts import parse_interrupts
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.interrupts import parse_interrupts
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import (
     NicError,
     classify_irq,
     classify_irqs,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import treegen
-from ansible_collections.gpunode.tuning.plugins.module_utils._numa_placement import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.numa_placement import (
     NumaPlacementError,
     judge_placement,
     numa_balancing,
@@ -237,7 +237,7 @@ def test_unreadable_numa_maps_is_reported_not_guessed(tmp_path):
 def test_process_that_exits_while_read_reads_as_none(tmp_path, monkeypatch):
     tree = two_node_tree(tmp_path)
     base = add_process(tree, 600, "short", "0", SWAPPED_BIND1)
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _numa_placement
+    from ansible_collections.gpunode.tuning.plugins.module_utils._cpu import numa_placement as _numa_placement
 
     real = _numa_placement.read_raw
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._nvidia_smi import NvidiaSmiError, gpu_findings, parse_nvidia_smi, to_number
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nvidia_smi import NvidiaSmiError, gpu_findings, parse_nvidia_smi, to_number
 
 CAPTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu_health" / "nvidia_smi"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import parse_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._nvidia_topo import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import parse_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.nvidia_topo import (
     TopoError,
     gpu_local_cpus,
     nic_paths,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils import _platform
-from ansible_collections.gpunode.tuning.plugins.module_utils._platform import PlatformError
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu import platform as _platform
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.platform import PlatformError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "platform"
 X86_CPUINFO = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme msr hypervisor\n"

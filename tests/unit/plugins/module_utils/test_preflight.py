@@ -23,10 +23,11 @@ import yaml
 
 import modharness
 from modharness import Exit, Fail
-from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_install, _persist
-from ansible_collections.gpunode.tuning.plugins.module_utils import _preflight as P
-from ansible_collections.gpunode.tuning.plugins.module_utils._play_collect import collect_play
-from ansible_collections.gpunode.tuning.plugins.module_utils._preflight import PreflightError
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import install as _ckpt_install
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import payload as _payload
+from ansible_collections.gpunode.tuning.plugins.module_utils._report import preflight as P
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.play_collect import collect_play
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.preflight import PreflightError
 from ansible_collections.gpunode.tuning.plugins.modules import checkpoint_staging, gpu_health
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -207,12 +208,12 @@ def test_tune_playbook_gathers_every_drift_role():
 
 def test_the_policy_file_lists_every_check_the_modules_emit():
     text = (ROOT / "playbooks" / "files" / "preflight_policy.yml").read_text()
-    platform = (ROOT / "plugins" / "module_utils" / "_platform.py").read_text()
-    smi = (ROOT / "plugins" / "module_utils" / "_nvidia_smi.py").read_text()
+    platform = (ROOT / "plugins" / "module_utils" / "_gpu" / "platform.py").read_text()
+    smi = (ROOT / "plugins" / "module_utils" / "_gpu" / "nvidia_smi.py").read_text()
     names = set("platform:" + n for n in re.findall(r'\bfinding\("([a-z_0-9]+)"', platform))
     names |= set("gpu:" + n for n in re.findall(r'_finding\(\s*"([a-z_0-9]+)"', smi))
     # The adapters that name their checks themselves (nccl_topology's and checkpoint_staging's results).
-    own = set(re.findall(r'\bfinding\("((?:nccl|checkpoint):[a-z_0-9]+)"', (ROOT / "plugins" / "module_utils" / "_preflight.py").read_text()))
+    own = set(re.findall(r'\bfinding\("((?:nccl|checkpoint):[a-z_0-9]+)"', (ROOT / "plugins" / "module_utils" / "_report" / "preflight.py").read_text()))
     assert {"nccl:topology", "checkpoint:copier", "checkpoint:staging_usage"} <= own
     names |= own
     assert len(names) > 15
@@ -443,7 +444,7 @@ def test_checkpoint_staging_report_is_one_line_per_change_in_the_drift_report(no
     assert "create %s (missing)" % node.staging in found["evidence"]
     assert "systemd enable --now gpunode-ckpt-copier.timer" in found["evidence"]
     # Every change the module's own drift lines name, once; the collection's library files in one line.
-    library = [line for line in res["drift"] if "/ansible_collections/" in line or _persist.MANIFEST in line]
+    library = [line for line in res["drift"] if "/ansible_collections/" in line or _payload.MANIFEST in line]
     assert library and found["evidence"][-1].startswith("%d library files of the collection under " % len(library))
     assert len(found["evidence"]) == len(res["drift"]) - len(library) + 1 + len(
         [a for a in res["systemd"] if not a.startswith("enable")])
@@ -455,7 +456,7 @@ def test_checkpoint_staging_report_is_one_line_per_change_in_the_drift_report(no
 def test_checkpoint_quarantined_entries_fail_durable_whatever_their_age(tmp_path):
     """A checkpoint the copier quarantined (issue 27) is never durable until someone acts: checkpoint:durable fails
     and names it with the copier's reason, even when it was staged a second ago. The copier's real status() is used."""
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_copier  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import copier as _ckpt_copier  # pylint: disable=import-outside-toplevel
     staging, target = tmp_path / "staging", tmp_path / "target"
     staging.mkdir()
     target.mkdir()
@@ -481,7 +482,7 @@ def test_checkpoint_target_judges_only_the_targets_own_error(tmp_path):
     """One refused entry (a link out of staging, issue 27) makes last_error newer than every copy, but the target is
     fine: checkpoint:target passes and says where the entry's failure is; a failure of the target itself fails it.
     The copier's real run_pass and status() are used."""
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_copier  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import copier as _ckpt_copier  # pylint: disable=import-outside-toplevel
     staging, target, outside = tmp_path / "staging", tmp_path / "target", tmp_path / "secret"
     staging.mkdir()
     target.mkdir()
@@ -561,7 +562,7 @@ def test_every_gpu_test_skipped_is_a_warning_by_default_and_fatal_when_strict(tm
     assert "GPU diagnostics did not run: all 6 tests beyond the Deployment checks were skipped" in dcgm["message"]
     assert dcgm["evidence"]["gpu_tests_skipped"] == ["GPU Memory", "Diagnostic", "PCIe", "SM Performance",
                                                      "Targeted Performance", "Targeted Power"]
-    from ansible_collections.gpunode.tuning.plugins.module_utils._cluster_report import build_report
+    from ansible_collections.gpunode.tuning.plugins.module_utils._report.cluster import build_report
     report = build_report("preflight", "t", hosts, "now")
     assert report["gate"] == "go" and "warn" in report["gate_text"]  # GO, but saying so
     found, hosts = _gate(res, P.check_policy(STRICT))
@@ -605,7 +606,7 @@ def test_per_gpu_findings_reach_every_rendering_of_the_cluster_report(tmp_path, 
     """gpu_health names each GPU by its PCI bus id (nvidia-smi's own key); the cluster report took only integer
     indexes, so a real GPU node's preflight failed building its report. The real A100 capture, the real module, the
     default policy, then every rendering."""
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _cluster_report as C
+    from ansible_collections.gpunode.tuning.plugins.module_utils._report import cluster as C
     res = _gpu_result(tmp_path, 2, monkeypatch)
     hosts = P.collect({"gpu-a": {"results": {"gpu": res}, "error": None}}, POLICY)
     per_gpu = [f for f in hosts["gpu-a"]["findings"] if isinstance(f.get("gpu"), str)]

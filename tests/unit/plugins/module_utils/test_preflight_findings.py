@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils import _preflight as P
-from ansible_collections.gpunode.tuning.plugins.module_utils._preflight import PreflightError
+from ansible_collections.gpunode.tuning.plugins.module_utils._report import preflight as P
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.preflight import PreflightError
 
 FIXTURE = json.loads((Path(__file__).resolve().parents[3] / "unit" / "fixtures" / "preflight"
                       / "synthetic_adapter_findings.json").read_text())

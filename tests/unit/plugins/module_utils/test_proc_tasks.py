@@ -2,7 +2,7 @@
 # Copyright (c) gpunode.tuning contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Issue 28: whose user work runs on the IRQ CPUs (``_proc_tasks``), on this machine's real /proc and in run_check.
+"""Issue 28: whose user work runs on the IRQ CPUs (``_host.proc_tasks``), on this machine's real /proc and in run_check.
 
 The live tests start a real CPU-bound process bound to one CPU and find it, by pid and CPU, in the attribution of
 two real readings of /proc. The stat lines with odd names are synthetic (named as such below); the field layout is
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._proc_tasks import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.proc_tasks import (
     attribute,
     describe,
     on_cpus,
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import test_softnet_issue28  # noqa: E402
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import run_check  # noqa: E402
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.check import run_check  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "softnet_load"))
 

@@ -17,10 +17,13 @@ import pytest
 import yaml
 
 import treegen
-from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_pin_cli, _preflight, _rps, _softnet_verdict
-from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import pin_cli as _irq_pin_cli
+from ansible_collections.gpunode.tuning.plugins.module_utils._report import preflight as _preflight
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import rps as _rps
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import verdict as _softnet_verdict
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import (
     AffinityError, release_rps, run_desired_state, verify_pins)
-from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.topology import read_topology
 
 PCI = "0000:42:01.0"
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._slurm_conf import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.conf import (
     Conf,
     SlurmConfError,
     parse_text,

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpulist import format_cpulist, parse_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
-from ansible_collections.gpunode.tuning.plugins.module_utils._slurm_cpus import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import format_cpulist, parse_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.cpus import (
     SlurmCpuError,
     abstract_to_os,
     core_spec_abstract,

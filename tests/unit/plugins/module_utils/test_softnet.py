@@ -11,21 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import irq_cpus_from_nic, validate_options
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_procfs import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.check import irq_cpus_from_nic, validate_options
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.procfs import (
     SoftnetError,
+    mpstat_percentages,
     parse_net_dev,
     parse_proc_stat,
     parse_softirqs,
     parse_softnet_stat,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_signals import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.signals import (
     compute_signals,
     delta_counter,
     delta_u32,
-    mpstat_percentages,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.verdict import (
     DEFAULT_THRESHOLDS,
     judge,
     validate_thresholds,

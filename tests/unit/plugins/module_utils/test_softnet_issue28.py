@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import irq_cpus_fired, run_check
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import judge
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.check import irq_cpus_fired, run_check
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.verdict import judge
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "softnet_load"))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import sampling_result
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.check import sampling_result
 
 ROOT = Path(__file__).resolve().parents[4]
 STARTED = {"ansible_job_id": "j1.2", "results_file": "/root/.ansible_async/j1.2", "started": 1, "finished": 0, "changed": False}
@@ -50,5 +50,5 @@ def test_no_playbook_resolves_the_job_in_jinja_any_more():
         text = (ROOT / "playbooks" / name).read_text()
         assert "gpunode.tuning.collect_play(" in text
         assert ".finished" not in text and "ansible_job_id is not defined" not in text, name
-    source = (ROOT / "plugins" / "module_utils" / "_play_collect.py").read_text()
+    source = (ROOT / "plugins" / "module_utils" / "_report" / "play_collect.py").read_text()
     assert "sampling_result(" in source

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_procfs import SoftnetError
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.procfs import SoftnetError
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.verdict import (
     DEFAULT_THRESHOLDS,
     describe_findings,
     format_number,

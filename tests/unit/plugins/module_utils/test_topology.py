@@ -11,7 +11,7 @@ import os
 import pytest
 
 import treegen
-from ansible_collections.gpunode.tuning.plugins.module_utils._topology import read_topology, sibling_map
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.topology import read_topology, sibling_map
 
 
 @pytest.mark.parametrize("shape,online,groups,first_group,nodes", [

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils import _validate as V
-from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import validate as V
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 
 # One valid value per rule: every rule must have one (a new rule is noticed), and refuse it with a trailing newline.
 VALID = {

@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils import _validate as V
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import validate as V
 
 MARK = "# Managed by gpunode.tuning (test)"
 OWN_EXPECTED = "a path where nothing exists yet or a file this module wrote (with its marker)"

@@ -372,7 +372,7 @@ def test_empty_selector_is_not_the_default_route_even_when_one_exists(tmp_path, 
     ("weird", "mlx5_comp7@pci:0000:00:07.1", ("queue", 7, "txrx")),
 ])
 def test_irq_name_rules(driver, name, expected):
-    from ansible_collections.gpunode.tuning.plugins.module_utils._nic import classify_irq
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import classify_irq
 
     assert classify_irq(name, driver) == expected
 
@@ -381,7 +381,7 @@ def test_boot_cli_refuses_mixed_roots_and_writes_nothing(tmp_path, guarded):
     """The boot-time entry point runs the same writer: a state file with only sysfs_path is an error, not a retry."""
     import io
 
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_pin_cli
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import pin_cli as _irq_pin_cli
 
     tree = build(tmp_path / "tree", nic_spec())
     state = tmp_path / "state.json"
@@ -395,7 +395,7 @@ def test_boot_cli_refuses_mixed_roots_and_writes_nothing(tmp_path, guarded):
 
 
 def test_roots_of_one_system(tmp_path):
-    from ansible_collections.gpunode.tuning.plugins.module_utils._fileio import roots_mixed
+    from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import roots_mixed
 
     tree = build(tmp_path / "tree", nic_spec())
     os.symlink(tree.root, str(tmp_path / "alias"))

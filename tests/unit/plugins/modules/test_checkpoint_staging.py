@@ -25,7 +25,7 @@ import pytest
 
 import modharness
 from modharness import Exit, Fail
-from ansible_collections.gpunode.tuning.plugins.module_utils import _ckpt_install
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import install as _ckpt_install
 from ansible_collections.gpunode.tuning.plugins.modules import checkpoint_staging
 
 pytestmark = pytest.mark.usefixtures("fake_exits")
@@ -107,7 +107,7 @@ def test_check_mode_is_the_exact_plan_and_writes_nothing(tmp_path):
     assert created[args["config_file"]] == "create" and created[args["entry_point"]] == "create"
     for unit in _ckpt_install.UNITS:
         assert "%s/%s" % (args["unit_dir"], unit) in created
-    assert any(p.endswith("/_ckpt_copier.py") for p in created) and not any(p.endswith("/_nic.py") for p in created)
+    assert any(p.endswith("/_checkpoint/copier.py") for p in created) and not any(p.endswith("/_nic_irq/nic.py") for p in created)
     assert res["systemd"][0] == "daemon-reload" and "enable --now gpunode-ckpt-copier.path" in res["systemd"]
     assert res["placement"]["target_fstype"] == "nfs4"
     assert res["config"]["completion"] == "marker" and res["config"]["marker_suffix"] == ".done"

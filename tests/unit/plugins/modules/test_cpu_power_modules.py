@@ -236,7 +236,7 @@ def test_gpu_topology_auto_on_a_host_without_nvidia_smi_says_so():
 def test_gpu_topology_auto_reads_what_nvidia_smi_prints_and_quotes_its_failure():
     # nvidia-smi does not run here: the runner gives what it printed on a real HGX node (the saved capture), then
     # what a failing run printed (a driver that is not loaded; rc 9 as nvidia-smi exits then).
-    from ansible_collections.gpunode.tuning.plugins.module_utils._cpu_power import _gpus
+    from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.power import _gpus
     text = (FIXTURES / "nvidia_topo" / "hgx_nv18_8gpu_12nic_gpu_numa_id.txt").read_text()
     calls = []
 

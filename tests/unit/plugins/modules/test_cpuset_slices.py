@@ -28,8 +28,8 @@ from ansible.module_utils import basic
 import modharness
 import treegen
 from modharness import Exit, Fail
-from ansible_collections.gpunode.tuning.plugins.module_utils import _cpuset_slices as C
-from ansible_collections.gpunode.tuning.plugins.module_utils import _persist
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu import cpuset_slices as C
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import files as _persist
 from ansible_collections.gpunode.tuning.plugins.modules import cpuset_slices
 
 pytestmark = pytest.mark.usefixtures("fake_exits", "warned")

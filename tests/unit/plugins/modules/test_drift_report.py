@@ -16,8 +16,9 @@ import modharness
 import treegen
 from modharness import Exit
 from ansible_collections.gpunode.tuning.plugins.filter.preflight import drift_collect
-from ansible_collections.gpunode.tuning.plugins.module_utils import _cluster_report, _persist
-from ansible_collections.gpunode.tuning.plugins.module_utils import _preflight as P
+from ansible_collections.gpunode.tuning.plugins.module_utils._report import cluster as _cluster_report
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import payload as _payload
+from ansible_collections.gpunode.tuning.plugins.module_utils._report import preflight as P
 from ansible_collections.gpunode.tuning.plugins.modules import nic_irq_persist
 
 pytestmark = pytest.mark.usefixtures("fake_exits_json")
@@ -46,7 +47,7 @@ def role_report(res):
 
 def library(res):
     return [f["path"] for f in res["files"] if f["action"] != "unchanged"
-            and ("/ansible_collections/" in f["path"] or f["path"].endswith("/" + _persist.MANIFEST))]
+            and ("/ansible_collections/" in f["path"] or f["path"].endswith("/" + _payload.MANIFEST))]
 
 
 def test_a_never_tuned_node_is_not_tuned_yet_with_the_irq_moves_first_and_the_library_in_one_line(lab):
@@ -61,7 +62,7 @@ def test_a_never_tuned_node_is_not_tuned_yet_with_the_irq_moves_first_and_the_li
     assert lines[:6] == ["IRQ %s" % move for move in res["drift"]]
     assert lines[-1] == "%d library files of the collection under /usr/local/lib/gpunode-tuning (create %d)" % (
         len(libs), len(libs))
-    assert not [line for line in lines + [found["message"]] if "module_utils/" in line or _persist.MANIFEST in line]
+    assert not [line for line in lines + [found["message"]] if "module_utils/" in line or _payload.MANIFEST in line]
     assert "create /etc/gpunode/nic-irq-affinity.json (missing)" in lines[6:-1]
     # The rendered report says it in that order too: the first IRQ move before any file.
     report = drift_collect({"gpu-01": {"reports": {"nic_irq_pinning": role_report(res)}, "error": None}},
@@ -69,7 +70,7 @@ def test_a_never_tuned_node_is_not_tuned_yet_with_the_irq_moves_first_and_the_li
     text = _cluster_report.render_markdown(report)
     assert "not tuned yet" in text and "find who" not in text
     assert text.index("IRQ %s" % res["drift"][0]) < text.index("/etc/gpunode/nic-irq-affinity.json")
-    assert "module_utils/_cpulist.py" not in text
+    assert "module_utils/_parse/cpulist.py" not in text
 
 
 def test_a_tuned_node_that_someone_changed_is_drift_with_the_irq_move_first(lab):

@@ -270,7 +270,7 @@ def test_section4_value_is_refused_naming_the_option(tmp_path, guard, name, opti
 
 
 def test_nccl_conf_key_with_a_trailing_newline_is_refused(tmp_path):
-    from ansible_collections.gpunode.tuning.plugins.module_utils._nccl_topo import TopoError, check_nccl_conf
+    from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nccl_topo import TopoError, check_nccl_conf
     assert check_nccl_conf({"NCCL_DEBUG": "INFO"}) == {"NCCL_DEBUG": "INFO"}
     for conf in ({"NCCL_DEBUG\n": "INFO"}, {"NCCL_DEBUG": "IN\x00FO"}):
         with pytest.raises(TopoError) as exc:

@@ -22,7 +22,7 @@ import pytest
 import modharness
 import treegen
 from modharness import Exit, Fail
-from ansible_collections.gpunode.tuning.plugins.module_utils import _irqbalance_state as S
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import irqbalance_state as S
 from ansible_collections.gpunode.tuning.plugins.modules import irqbalance_state
 
 POLICY = "/usr/local/libexec/gpunode-irqbalance-policy"

@@ -22,8 +22,8 @@ from ansible.module_utils import basic
 
 import modharness
 from modharness import Exit, Fail
-from ansible_collections.gpunode.tuning.plugins.module_utils import _kernel_cmdline as K
-from ansible_collections.gpunode.tuning.plugins.module_utils._kernel_cmdline_args import KernelCmdlineError
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot import kernel_cmdline as K
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot.args import KernelCmdlineError
 from ansible_collections.gpunode.tuning.plugins.modules import kernel_cmdline
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "kernel_cmdline"
@@ -304,7 +304,7 @@ def params(root, **extra):
 def test_a_failed_write_rolls_back_every_file(tmp_path):
     root, proc = make(tmp_path, "debian12", "salt-formula-linux")
     before = snapshot(root)
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _persist
+    from ansible_collections.gpunode.tuning.plugins.module_utils._host import files as _persist
 
     def write(path, data, mode):
         if path.endswith("kernel-cmdline.json"):
@@ -546,7 +546,7 @@ def test_grubby_failing_fails_with_its_output(grubby_host):
 
 
 # ---------------------------------------------------------------- isolate --
-# The isolcpus role's option: the parameters from module_utils/_cpu_partition, checked against the node's present
+# The isolcpus role's option: the parameters from module_utils/_parse/cpu_partition, checked against the node's present
 # CPUs (a generated sysfs tree: only devices/system/cpu/present is read).
 
 def sysfs(tmp_path, present="0-7"):

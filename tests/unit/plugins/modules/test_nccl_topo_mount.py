@@ -26,8 +26,8 @@ from ansible.module_utils import basic
 
 import modharness
 from modharness import Exit, Fail
-from ansible_collections.gpunode.tuning.plugins.module_utils import _nccl_topo as T
-from ansible_collections.gpunode.tuning.plugins.module_utils import _persist
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu import nccl_topo as T
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import files as _persist
 from ansible_collections.gpunode.tuning.plugins.modules import nccl_topo_mount
 
 pytestmark = pytest.mark.usefixtures("fake_exits", "warned")

@@ -24,8 +24,9 @@ from ansible.module_utils import basic
 import modharness
 import treegen
 from modharness import Exit, Fail
-from ansible_collections.gpunode.tuning.plugins.module_utils import _persist
-from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import PIN_LOCK
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import files as _persist
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import payload as _payload
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import PIN_LOCK
 from ansible_collections.gpunode.tuning.plugins.modules import nic_irq_persist
 
 
@@ -82,7 +83,7 @@ def test_fresh_check_is_the_exact_plan_and_writes_nothing(lab):
                  "/etc/systemd/system/gpunode-nic-irq-affinity.service", "/etc/systemd/system/gpunode-nic-irq-affinity.timer",
                  "/etc/systemd/system/gpunode-nic-irq-affinity-recheck.service",
                  "/etc/udev/rules.d/70-gpunode-nic-irq-affinity.rules", "/etc/network/if-up.d/gpunode-nic-irq-pin",
-                 "/usr/local/lib/gpunode-tuning/" + _persist.MANIFEST):
+                 "/usr/local/lib/gpunode-tuning/" + _payload.MANIFEST):
         assert paths.get(path) == "create", (path, paths)
     # No NetworkManager or networkd-dispatcher on this node: no hook for them.
     assert not [p for p in paths if "NetworkManager" in p or "networkd" in p]
@@ -177,7 +178,7 @@ def test_shared_lib_dir_keeps_foreign_files_and_absent_removes_only_ours(lab):
         handle.write("print('not ours')\n")
     kind, res = run(args(lab, lib_dir=shared))
     assert kind is Exit and res["changed"] is True
-    assert os.path.exists(under(lab, shared + "/ansible_collections/gpunode/tuning/plugins/module_utils/_irq_pin_cli.py"))
+    assert os.path.exists(under(lab, shared + "/ansible_collections/gpunode/tuning/plugins/module_utils/_nic_irq/pin_cli.py"))
     kind, res = run(args(lab, lib_dir=shared))
     assert kind is Exit and res["changed"] is False and os.path.exists(foreign)
     kind, res = run(dict(state="absent", lib_dir=shared, procfs_path=lab.proc, sysfs_path=lab.sys), check=True)
@@ -247,7 +248,7 @@ def test_verify_leaves_the_kernel_managed_irq_out_and_names_it(seed_managed):
 
 def test_verify_fails_when_a_pinned_irq_is_moved_before_the_read_back(seed_managed, monkeypatch):
     tree = seed_managed
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_affinity
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import affinity as _irq_affinity
     real = _irq_affinity.apply_plan
 
     def apply_then_someone_moves_queue_4(plan, **kw):
@@ -279,9 +280,9 @@ def test_check_mode_that_assumes_irqbalance_stopped_never_changes_the_stored_sta
 
 def test_absent_removes_the_default_lib_dir_with_the_bytecode_python_wrote(lab):
     run(args(lab))
-    pkg = under(lab, "/usr/local/lib/gpunode-tuning/" + _persist.PKG_DIR)
+    pkg = under(lab, "/usr/local/lib/gpunode-tuning/" + _payload.PKG_DIR + "/_nic_irq")
     os.makedirs(os.path.join(pkg, "__pycache__"))
-    for name in ("_nic.cpython-311.pyc", "_irq_pin_cli.cpython-311.pyc"):
+    for name in ("nic.cpython-311.pyc", "pin_cli.cpython-311.pyc"):
         with open(os.path.join(pkg, "__pycache__", name), "wb") as handle:
             handle.write(b"\0")
     kind, res = run(dict(state="absent", procfs_path=lab.proc, sysfs_path=lab.sys))
@@ -428,7 +429,7 @@ def test_a_failed_file_write_puts_the_pins_back_too(lab, monkeypatch, failing_ca
 def test_a_pin_that_cannot_be_put_back_is_named_and_the_run_reports_changed(lab, monkeypatch):
     before = lab.all_affinities()
     real = _persist.write_atomic
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_affinity
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import affinity as _irq_affinity
     real_pin = _irq_affinity.run_desired_state
     broken = []
 
@@ -556,7 +557,7 @@ def test_a_failed_systemd_step_puts_back_files_units_and_pins(lab, systemd, step
 
 
 def test_a_failed_read_back_puts_back_files_units_and_pins(lab, systemd, monkeypatch):
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_affinity
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import affinity as _irq_affinity
     files, pins = snapshot(lab.root), lab.all_affinities()
     real = _irq_affinity.apply_plan
     moved = []
@@ -580,7 +581,7 @@ def test_a_failed_read_back_puts_back_files_units_and_pins(lab, systemd, monkeyp
 
 
 def test_a_pin_moved_once_after_the_write_is_pinned_again_and_said(lab, systemd, monkeypatch):
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_affinity
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import affinity as _irq_affinity
     real = _irq_affinity.apply_plan
     moved = []
 
@@ -636,7 +637,7 @@ def _pin_lock_is_held(tree):
 def test_the_pin_lock_is_held_from_the_pins_through_the_state_file_to_the_read_back(lab, systemd, monkeypatch):
     """The boot/re-check entry point takes the same lock per pass: it can never apply the old state file between
     this run's pins and its state file write, or move a pin between the write and the read-back."""
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_affinity
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import affinity as _irq_affinity
     held = []
 
     def watch(name, real):
@@ -657,7 +658,7 @@ def test_the_pin_lock_is_held_from_the_pins_through_the_state_file_to_the_read_b
 
 def test_a_pin_lock_held_by_another_run_fails_naming_it_and_changes_nothing(lab, systemd, monkeypatch):
     import fcntl
-    from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_affinity
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import affinity as _irq_affinity
     monkeypatch.setattr(_irq_affinity, "PIN_LOCK_WAIT", 0.3)
     files, pins = snapshot(lab.root), lab.all_affinities()
     path = os.path.join(lab.root, PIN_LOCK)

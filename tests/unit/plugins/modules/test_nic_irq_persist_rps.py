@@ -18,7 +18,8 @@ from ansible.module_utils import basic
 import modharness
 import treegen
 from modharness import Exit, Fail
-from ansible_collections.gpunode.tuning.plugins.module_utils import _irq_affinity, _persist
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import affinity as _irq_affinity
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import files as _persist
 from ansible_collections.gpunode.tuning.plugins.modules import nic_irq_affinity, nic_irq_persist
 
 pytestmark = pytest.mark.usefixtures("fake_exits_json")

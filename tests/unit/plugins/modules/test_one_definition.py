@@ -15,10 +15,15 @@ import pytest
 import yaml
 
 from ansible_collections.gpunode.tuning.plugins.doc_fragments.nic_selector import ModuleDocFragment
-from ansible_collections.gpunode.tuning.plugins.module_utils import _fileio, _interrupts, _irq_pin_cli, _nic, _softnet
-from ansible_collections.gpunode.tuning.plugins.module_utils import _softnet_procfs
-from ansible_collections.gpunode.tuning.plugins.module_utils._irq_affinity import DESIRED_KEYS
-from ansible_collections.gpunode.tuning.plugins.module_utils._softnet_verdict import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import fileio as _fileio
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse import interrupts as _interrupts
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import pin_cli as _irq_pin_cli
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import nic as _nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import check as _softnet
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import sample as _softnet_sample
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse import procfs as _softnet_procfs
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import DESIRED_KEYS
+from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.verdict import (
     DEFAULT_THRESHOLDS,
     RULES,
     describe_rules,
@@ -74,7 +79,7 @@ def test_no_other_python_file_writes_the_threshold_defaults():
                     kw.arg == "default" and isinstance(kw.value, ast.Constant) for kw in value.keywords
                 ):
                     writers.append(str(path.relative_to(ROOT)))
-    assert writers == ["plugins/module_utils/_softnet_verdict.py"]
+    assert writers == ["plugins/module_utils/_softnet/verdict.py"]
 
 
 def test_module_notes_list_the_verdict_table_in_order():
@@ -99,7 +104,7 @@ def test_verdict_rule_return_value_names_every_rule_in_order():
 def test_selector_keys_are_defined_once():
     assert _softnet.SELECTOR_KEYS is _nic.SELECTOR_KEYS
     assert [key for key in _nic.SELECTOR_ARGUMENT_SPEC if key in _nic.SELECTOR_KEYS] == list(_nic.SELECTOR_KEYS)
-    assert defined_in(_nic.SELECTOR_KEYS) == ["plugins/module_utils/_nic.py"]
+    assert defined_in(_nic.SELECTOR_KEYS) == ["plugins/module_utils/_nic_irq/nic.py"]
 
 
 def test_nic_irq_affinity_passes_exactly_the_desired_state_keys():
@@ -109,7 +114,7 @@ def test_nic_irq_affinity_passes_exactly_the_desired_state_keys():
 
 
 def test_command_allow_list_is_defined_once():
-    assert defined_in(_fileio.ALLOWED_COMMANDS) == ["plugins/module_utils/_fileio.py"]
+    assert defined_in(_fileio.ALLOWED_COMMANDS) == ["plugins/module_utils/_host/fileio.py"]
     assert _irq_pin_cli.ALLOWED_COMMANDS is _fileio.ALLOWED_COMMANDS
     for name in _fileio.ALLOWED_COMMANDS:
         assert "C(%s)" % name in ModuleDocFragment.DOCUMENTATION
@@ -130,10 +135,10 @@ def test_the_allow_list_refuses_everything_else(argv):
 
 
 def test_softnet_reads_with_the_shared_reader_and_parses_softirqs_as_a_cpu_table(tmp_path, monkeypatch):
-    assert _softnet_procfs.read_raw is _fileio.read_raw
+    assert _softnet_sample.read_raw is _fileio.read_raw
     calls = []
-    monkeypatch.setattr(_softnet_procfs, "read_raw", lambda path: calls.append(path) or "")
-    _softnet_procfs.read_sample(str(tmp_path))
+    monkeypatch.setattr(_softnet_sample, "read_raw", lambda path: calls.append(path) or "")
+    _softnet_sample.read_sample(str(tmp_path))
     assert len(calls) == 5  # softnet_stat, stat, softirqs, net/dev, interrupts
     text = "                    CPU0       CPU2\n          HI:          1          0\n      NET_RX:        10         20\n"
     assert _softnet_procfs.parse_softirqs(text)["counts"] == {"HI": {0: 1, 2: 0}, "NET_RX": {0: 10, 2: 20}}
@@ -144,29 +149,32 @@ def test_softnet_reads_with_the_shared_reader_and_parses_softirqs_as_a_cpu_table
 
 
 def test_every_error_of_module_utils_derives_from_the_one_base():
-    """#30: one error base. Every ``*Error`` class of module_utils derives from ``_errors.DetailedError`` (so a module
+    """#30: one error base. Every ``*Error`` class of module_utils derives from ``_host.errors.DetailedError`` (so a module
     catches one type and passes ``details`` to fail_json), and none sets ``self.details`` itself: the base does."""
     import importlib
     import inspect
 
-    from ansible_collections.gpunode.tuning.plugins.module_utils._errors import DetailedError
+    from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 
     offenders, copies = [], []
-    for path in sorted((PLUGINS / "module_utils").glob("_*.py")):
-        module = importlib.import_module("ansible_collections.gpunode.tuning.plugins.module_utils.%s" % path.stem)
+    paths = sorted((PLUGINS / "module_utils").glob("_*/*.py"))
+    assert len(paths) > 40, paths
+    for path in paths:
+        dotted = "%s.%s" % (path.parent.name, path.stem)
+        module = importlib.import_module("ansible_collections.gpunode.tuning.plugins.module_utils.%s" % dotted)
         for name, klass in inspect.getmembers(module, inspect.isclass):
             if klass.__module__ != module.__name__ or not name.endswith("Error") or klass is DetailedError:
                 continue
             if not issubclass(klass, DetailedError):
-                offenders.append("%s.%s" % (path.stem, name))
+                offenders.append("%s.%s" % (dotted, name))
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Attribute) and t.attr == "details" and isinstance(t.value, ast.Name) and t.value.id == "self"
                 for t in node.targets
-            ) and path.stem != "_errors":
+            ) and dotted != "_host.errors":
                 copies.append("%s:%d" % (path.name, node.lineno))
     assert offenders == [], "errors that do not derive from DetailedError: %s" % offenders
-    assert copies == [], "self.details set outside _errors.DetailedError: %s" % copies
+    assert copies == [], "self.details set outside _host.errors.DetailedError: %s" % copies
 
 
 # ---------------------------------------------------------------- the modules' attributes
