@@ -78,13 +78,14 @@ def run_play(inventory, report_dir, interval, forks):
 def report_cpu(report_dir):
     """CPU seconds of the controller side alone, from the run's cluster.json: re-render the four formats."""
     from ansible_collections.gpunode.tuning.plugins.module_utils._report import cluster as C
+    from ansible_collections.gpunode.tuning.plugins.module_utils._report import render as R
 
     report = json.loads((Path(report_dir) / "cluster.json").read_text())
     hosts = dict((h["host"], {"findings": [f for f in h["findings"] if not C.is_host_error(f)], "error": h["error"]})
                  for h in report["hosts"])
     started = time.process_time()
     built = C.build_report("preflight", report["title"], hosts, report["generated_at"])
-    sizes = [len(C.render_markdown(built)), len(json.dumps(built)), len(C.render_html(built)), len(C.render_junit(built))]
+    sizes = [len(R.render_markdown(built)), len(json.dumps(built)), len(R.render_html(built)), len(R.render_junit(built))]
     return time.process_time() - started, sizes
 
 

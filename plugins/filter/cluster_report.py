@@ -4,8 +4,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Controller-side rendering of a cluster report (preflight gate, drift). Documentation: the YAML files beside this one.
 
-Thin wrappers over ``module_utils/_report/cluster``, where the report is built (``build_report``) and rendered;
-they only turn bad input into ``AnsibleFilterError``:
+Thin wrappers over ``module_utils/_report/render``, where the report that ``module_utils/_report/cluster`` builds
+(``build_report``) is rendered; they only turn bad input into ``AnsibleFilterError``:
 
 * ``cluster_report_markdown(report)``, ``cluster_report_html(report)`` and ``cluster_report_junit(report)``
   give the Markdown, self-contained HTML and JUnit XML texts;
@@ -16,30 +16,10 @@ they only turn bad input into ``AnsibleFilterError``:
 
 from __future__ import annotations
 
-from ansible.errors import AnsibleFilterError
-
-from ansible_collections.gpunode.tuning.plugins.module_utils._report.cluster import (
-    ClusterReportError,
-    render_html,
-    render_junit,
-    render_lines,
-    render_markdown,
-)
+from ansible_collections.gpunode.tuning.plugins.plugin_utils._filters import filter_table, malformed, named
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.cluster import ClusterReportError
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.render import render_html, render_junit, render_lines, render_markdown
 from ansible_collections.gpunode.tuning.plugins.module_utils._report.play_collect import CollectError, collect_play
-
-
-def _wrap(name, func):
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except (ClusterReportError, CollectError) as exc:
-            raise AnsibleFilterError("%s: %s" % (name, exc), orig_exc=exc)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise AnsibleFilterError("%s: malformed cluster report (%s: %s)" % (name, type(exc).__name__, exc), orig_exc=exc)
-
-    wrapper.__name__ = name
-    wrapper.__doc__ = func.__doc__
-    return wrapper
 
 
 def cluster_report_markdown(report):
@@ -64,10 +44,11 @@ def cluster_report_lines(report, limit=10):
 
 class FilterModule(object):
     def filters(self):
-        return {
-            "cluster_report_markdown": _wrap("cluster_report_markdown", cluster_report_markdown),
-            "cluster_report_html": _wrap("cluster_report_html", cluster_report_html),
-            "cluster_report_junit": _wrap("cluster_report_junit", cluster_report_junit),
-            "cluster_report_lines": _wrap("cluster_report_lines", cluster_report_lines),
-            "collect_play": _wrap("collect_play", collect_play),
-        }
+        return filter_table({
+            "cluster_report_markdown": cluster_report_markdown,
+            "cluster_report_html": cluster_report_html,
+            "cluster_report_junit": cluster_report_junit,
+            "cluster_report_lines": cluster_report_lines,
+            "collect_play": collect_play,
+        }, [((ClusterReportError, CollectError), named),
+            ((KeyError, TypeError, ValueError, AttributeError), malformed("cluster report"))])

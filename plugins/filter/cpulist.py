@@ -6,8 +6,7 @@
 
 from __future__ import annotations
 
-from ansible.errors import AnsibleFilterError
-
+from ansible_collections.gpunode.tuning.plugins.plugin_utils._filters import detailed, filter_table
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import (
     CpuListError,
     cpulist_difference,
@@ -18,18 +17,6 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist impo
     parse_cpulist,
     parse_cpumask,
 )
-
-
-def _wrap(func):
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except CpuListError as exc:
-            raise AnsibleFilterError("%s (%s: got %r, expected %s)" % (exc, func.__name__, exc.value, exc.expected))
-
-    wrapper.__name__ = func.__name__
-    wrapper.__doc__ = func.__doc__
-    return wrapper
 
 
 def cpulist_expand(value):
@@ -62,12 +49,12 @@ def cpumask_to_cpulist(value, ncpus=None):
 
 class FilterModule(object):
     def filters(self):
-        return {
-            "cpulist_expand": _wrap(cpulist_expand),
-            "cpulist_compress": _wrap(cpulist_compress),
-            "cpulist_difference": _wrap(cpulist_difference_filter),
-            "cpulist_union": _wrap(cpulist_union_filter),
-            "cpulist_intersect": _wrap(cpulist_intersect),
-            "cpulist_to_mask": _wrap(cpulist_to_mask),
-            "cpumask_to_cpulist": _wrap(cpumask_to_cpulist),
-        }
+        return filter_table({
+            "cpulist_expand": cpulist_expand,
+            "cpulist_compress": cpulist_compress,
+            "cpulist_difference": cpulist_difference_filter,
+            "cpulist_union": cpulist_union_filter,
+            "cpulist_intersect": cpulist_intersect,
+            "cpulist_to_mask": cpulist_to_mask,
+            "cpumask_to_cpulist": cpumask_to_cpulist,
+        }, [((CpuListError,), detailed)])

@@ -14,9 +14,10 @@ Pure functions over plain data, so they are unit-tested without Ansible:
 
 from __future__ import annotations
 
-import html
-
 from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpunode.tuning.plugins.plugin_utils._filters import filter_table, malformed
+import html
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import format_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.check import sampling_result
@@ -449,25 +450,13 @@ def diagnose_html(report):
     return "\n".join(out) + "\n"
 
 
-def _wrap(func):
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except (KeyError, TypeError) as exc:
-            raise AnsibleFilterError("%s: malformed diagnose data (%s)" % (func.__name__, exc))
-
-    wrapper.__name__ = func.__name__
-    wrapper.__doc__ = func.__doc__
-    return wrapper
-
-
 class FilterModule(object):
     def filters(self):
-        return {
-            "diagnose_collect": _wrap(diagnose_collect),
-            "diagnose_markdown": _wrap(diagnose_markdown),
-            "diagnose_html": _wrap(diagnose_html),
-            "diagnose_summary": _wrap(diagnose_summary),
-            "diagnose_lines": _wrap(diagnose_lines),
-            "softnet_sampling_result": _wrap(sampling_result),
-        }
+        return filter_table({
+            "diagnose_collect": diagnose_collect,
+            "diagnose_markdown": diagnose_markdown,
+            "diagnose_html": diagnose_html,
+            "diagnose_summary": diagnose_summary,
+            "diagnose_lines": diagnose_lines,
+            "softnet_sampling_result": sampling_result,
+        }, [((KeyError, TypeError), malformed("diagnose data", with_type=False))])

@@ -6,27 +6,9 @@
 
 from __future__ import annotations
 
-from ansible.errors import AnsibleFilterError
-
-from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nccl_tests import (
-    NcclTestsError,
-    compare_busbw,
-    parse_nccl_tests,
-    sweep_compare,
-    sweep_markdown,
-)
-
-
-def _wrap(func):
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except NcclTestsError as exc:
-            raise AnsibleFilterError("%s (%s: got %r, expected %s)" % (exc, func.__name__, exc.value, exc.expected))
-
-    wrapper.__name__ = func.__name__
-    wrapper.__doc__ = func.__doc__
-    return wrapper
+from ansible_collections.gpunode.tuning.plugins.plugin_utils._filters import detailed, filter_table
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nccl_busbw import compare_busbw, sweep_compare, sweep_markdown
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.nccl_tests import NcclTestsError, parse_nccl_tests
 
 
 def nccl_tests_parse(value):
@@ -49,9 +31,9 @@ def nccl_tests_sweep_markdown(value):
 
 class FilterModule(object):
     def filters(self):
-        return {
-            "nccl_tests_parse": _wrap(nccl_tests_parse),
-            "nccl_tests_compare": _wrap(nccl_tests_compare),
-            "nccl_tests_sweep": _wrap(nccl_tests_sweep),
-            "nccl_tests_sweep_markdown": _wrap(nccl_tests_sweep_markdown),
-        }
+        return filter_table({
+            "nccl_tests_parse": nccl_tests_parse,
+            "nccl_tests_compare": nccl_tests_compare,
+            "nccl_tests_sweep": nccl_tests_sweep,
+            "nccl_tests_sweep_markdown": nccl_tests_sweep_markdown,
+        }, [((NcclTestsError,), detailed)])

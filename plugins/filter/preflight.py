@@ -14,8 +14,7 @@ report); they only turn bad input into ``AnsibleFilterError``:
 
 from __future__ import annotations
 
-from ansible.errors import AnsibleFilterError
-
+from ansible_collections.gpunode.tuning.plugins.plugin_utils._filters import filter_table, named
 from ansible_collections.gpunode.tuning.plugins.module_utils._report.cluster import ClusterReportError, build_report
 from ansible_collections.gpunode.tuning.plugins.module_utils._report.findings import FindingError
 from ansible_collections.gpunode.tuning.plugins.module_utils._report.preflight import (
@@ -26,18 +25,6 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._report.preflight i
 )
 
 DRIFT_LABELS = {"go": "IN SYNC", "no_go": "DRIFT"}
-
-
-def _wrap(name, func):
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except (PreflightError, ClusterReportError, FindingError) as exc:
-            raise AnsibleFilterError("%s: %s" % (name, exc), orig_exc=exc)
-
-    wrapper.__name__ = name
-    wrapper.__doc__ = func.__doc__
-    return wrapper
 
 
 def preflight_policy(policy):
@@ -61,8 +48,8 @@ class FilterModule:
     """gpunode.tuning preflight and drift report filters."""
 
     def filters(self):
-        return {name: _wrap(name, func) for name, func in (
-            ("preflight_policy", preflight_policy),
-            ("preflight_collect", preflight_collect),
-            ("drift_collect", drift_collect),
-        )}
+        return filter_table({
+            "preflight_policy": preflight_policy,
+            "preflight_collect": preflight_collect,
+            "drift_collect": drift_collect,
+        }, [((PreflightError, ClusterReportError, FindingError), named)])

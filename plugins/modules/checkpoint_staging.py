@@ -273,10 +273,11 @@ from ansible.module_utils.basic import AnsibleModule
 # Imported so that AnsiballZ ships the copier's command line (and its import closure) with this module: the
 # library installed on the node is built from those files (_persist.library_files).
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.cli import main as _copier_main  # noqa: F401
-from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.copier import CopierError, check_config, check_placement, status
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.config import CopierError, check_config, check_placement
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.install import (
     HEADER, TRIGGERS, UNIT_DIR, UNITS, InstallError, apply_staging, check_path, missing_dirs, read_mountinfo, render, restore,
     service_user, snapshot, staging_plan, undo_staging, writable)
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.state import status
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import PersistError, apply_files, plan_files, systemctl_show
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.payload import MANIFEST, bytecode_of, installed_library

@@ -258,9 +258,9 @@ irqbalance:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError, exit_with, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import (
-    DESIRED_KEYS, PIN_ARGUMENT_SPEC, AffinityError, run_desired_state)
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import DESIRED_KEYS, PIN_ARGUMENT_SPEC, run_desired_state
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_plan import AffinityError
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC, **PIN_ARGUMENT_SPEC)

@@ -362,14 +362,12 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance import read_irqbalance
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import (
-    IRQ_AFFINITY_FORMATS,
     SELECTOR_ARGUMENT_SPEC,
     SELECTOR_KEYS,
     SELECTOR_MUTUALLY_EXCLUSIVE,
     NicError,
-    add_cpulist_strings,
-    read_nic,
 )
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic_irqs import IRQ_AFFINITY_FORMATS, add_cpulist_strings, read_nic
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.topology import read_topology
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 

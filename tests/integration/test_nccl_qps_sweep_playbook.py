@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._gpu import nccl_tests as _nccl_tests
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu import nccl_busbw as _nccl_busbw
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse import nccl_tests as _nccl_tests
 
 ROOT = Path(__file__).resolve().parents[2]
 # The Ansible of the interpreter that runs the tests (the CI matrix runs them on each supported ansible-core).
@@ -96,12 +97,12 @@ def test_recorded_sweep_reports_the_parsed_busbw_and_the_sweep_recommendation(tm
     assert report["labels"] == ["default", "nthreads4", "nthreads8"]
     by_size = dict((row["size"], row) for row in report["table"])
     for size_text in SIZES:
-        size = _nccl_tests.parse_size(size_text)
+        size = _nccl_busbw.parse_size(size_text)
         assert by_size[size]["named"]
         for label, text in texts().items():
             assert by_size[size]["busbw_gbps"][label] == pytest.approx(parser_busbw(text, size)), (label, size)
 
-    direct = _nccl_tests.sweep_compare(texts(), "default", sizes=SIZES, margin_pct=5)
+    direct = _nccl_busbw.sweep_compare(texts(), "default", sizes=SIZES, margin_pct=5)
     for key in ("recommended", "changed", "reason", "sizes", "candidates", "table"):
         assert report[key] == direct[key], key
     assert report["recommended"] == "default" and not report["changed"]
@@ -121,7 +122,7 @@ def test_a_winner_is_recommended_and_a_high_margin_keeps_the_baseline(tmp_path):
     result = run_playbook(tmp_path, recorded_vars(win_dir, nccl_sweep_baseline="nthreads8", nccl_sweep_sizes=sizes))
     assert result.returncode == 0, output(result)
     report = json.loads((win_dir / "localhost.json").read_text())
-    direct = _nccl_tests.sweep_compare(texts(), "nthreads8", sizes=sizes, margin_pct=5)
+    direct = _nccl_busbw.sweep_compare(texts(), "nthreads8", sizes=sizes, margin_pct=5)
     assert direct["changed"] and report["recommended"] == direct["recommended"] == "default"
     assert report["reason"] == direct["reason"]
     assert "(change from nthreads8)" in (win_dir / "localhost.md").read_text()
@@ -135,7 +136,7 @@ def test_a_winner_is_recommended_and_a_high_margin_keeps_the_baseline(tmp_path):
     assert report["recommended"] == "nthreads8" and not report["changed"]
     assert report["reason"].startswith("keep baseline nthreads8: no label beats it by +50.0%")
     assert "default: " in report["reason"] and "nthreads4: " in report["reason"]
-    assert report["reason"] == _nccl_tests.sweep_compare(texts(), "nthreads8", sizes=sizes, margin_pct=50)["reason"]
+    assert report["reason"] == _nccl_busbw.sweep_compare(texts(), "nthreads8", sizes=sizes, margin_pct=50)["reason"]
     assert "keep the baseline" in (keep_dir / "localhost.md").read_text()
 
 
@@ -188,5 +189,5 @@ def test_live_mode_runs_once_per_value_with_the_variable_set(tmp_path):
     assert calls.read_text().splitlines() == ["%s WARN -b 1M -e 128M -f 2 -g 1" % value for value in (1, 2, 4)]
     report = json.loads((report_dir / "localhost.json").read_text())
     assert report["mode"] == "live" and report["test"] == "all_reduce_perf"
-    direct = _nccl_tests.sweep_compare(dict(zip(["1", "2", "4"], texts().values())), "4", sizes=["16M", "32M"], margin_pct=5)
+    direct = _nccl_busbw.sweep_compare(dict(zip(["1", "2", "4"], texts().values())), "4", sizes=["16M", "32M"], margin_pct=5)
     assert report["recommended"] == direct["recommended"] == "1" and report["reason"] == direct["reason"]

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import copier as cc
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import config as cc_config
 
 
 def mounted(tmp_path, target, source="server:/export"):
@@ -23,7 +23,7 @@ def config(dirs, tmp_path, **over):
            "retry_min": 5, "retry_max": 40, "op_timeout": 5, "mountinfo_path": mounted(tmp_path, dirs[1]),
            "target_mount": {"point": str(dirs[1]), "fstype": "nfs4", "source": "server:/export"}}
     raw.update(over)
-    return cc.check_config(raw)
+    return cc_config.check_config(raw)
 
 
 def quiet_log():

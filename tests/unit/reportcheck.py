@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Readers of a written cluster report for the playbook tests (tests/integration) and the lab (molecule/preflight):
 the HTML page's gate and grid rows, and the JUnit file validated against Jenkins' junit-10.xsd. Independent of
-module_utils/_report/cluster, so a bug there cannot confirm itself."""
+module_utils/_report/cluster and _report/render, so a bug there cannot confirm itself."""
 
 from __future__ import annotations
 

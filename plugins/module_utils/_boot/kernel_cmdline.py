@@ -18,7 +18,7 @@ Private module_utils of gpunode.tuning, standard library only, no Ansible import
 
 Commands come in as ``run(argv) -> (rc, out, err)``; on a tree (``live`` False)
 no command runs at all: the tree's GRUB files are evaluated in Python
-(``_boot.grub.evaluate_tree``), never by a shell of this host.
+(``_boot.grub_eval.evaluate_tree``), never by a shell of this host.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import json
 import os
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub_cfg
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub_eval
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grubby
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpu_partition import (
     ISOLATION_KEYS,
@@ -62,7 +64,7 @@ MARKER = "kernel-cmdline.json"
 STATE_DIR = "/var/lib/gpunode-tuning"
 DROPIN = "zz-gpunode-tuning.cfg"
 # Every command the module may run, on the live system only.
-COMMANDS = (grub.SH, "update-grub", "grub-mkconfig", grubby.GRUBBY)
+COMMANDS = (grub_eval.SH, "update-grub", "grub-mkconfig", grubby.GRUBBY)
 TREE_COMMANDS = ()             # a captured tree's files never reach a shell of this host
 TOOL_DIRS = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")
 
@@ -313,7 +315,7 @@ def prepare(params, run, check, live, which, procfs="/proc"):
     out.update(files=files, actions=actions, changes=[a for a in actions if a["action"] != "unchanged"])
     if bootloader == "grub_debian" and out["changes"] and live:
         tool = "update-grub" if which("update-grub") else "grub-mkconfig"
-        out["argvs"] = [[tool] + ([] if tool == "update-grub" else ["-o", grub.GRUB_CFG])]
+        out["argvs"] = [[tool] + ([] if tool == "update-grub" else ["-o", grub_cfg.GRUB_CFG])]
         out["commands"] = [" ".join(out["argvs"][0])]
     return out
 
@@ -371,19 +373,19 @@ def _finish_grub(prepared, write):
                 raise KernelCmdlineError("%s; %s" % (exc, why), **exc.details)
             updated = True
     next_boot = None
-    if prepared["live"] or os.path.exists(rooted(root, grub.GRUB_CFG)):
-        next_boot, _title = grub.next_boot(root, warnings)
+    if prepared["live"] or os.path.exists(rooted(root, grub_cfg.GRUB_CFG)):
+        next_boot, _title = grub_cfg.next_boot(root, warnings)
     pending = prepared["changes"] and not updated
     if next_boot is not None and not pending:
         have = [norm(t) for t in next_boot]
         missing = [t for t in managed.values() if not is_removal(t) and have.count(norm(t)) != 1]
         if missing:
             warnings.append("the next boot's command line (the default entry of %s) does not carry %s once: %s"
-                            % (grub.GRUB_CFG, " ".join(missing), " ".join(next_boot)))
+                            % (grub_cfg.GRUB_CFG, " ".join(missing), " ".join(next_boot)))
         left = [t for t in next_boot if any(is_removal(m) and param_key(m) == param_key(t) for m in managed.values())]
         if left:
             warnings.append("the next boot's command line (the default entry of %s) still has %s, which this module "
-                            "removes: %s" % (grub.GRUB_CFG, " ".join(left), " ".join(next_boot)))
+                            "removes: %s" % (grub_cfg.GRUB_CFG, " ".join(left), " ".join(next_boot)))
     return updated, next_boot, prepared["after"], pending
 
 

@@ -2,7 +2,7 @@
 # Copyright (c) gpunode.tuning contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The checkpoint copier's command line: the node-side entry point runs this, with the code of ``_checkpoint.copier``.
+"""The checkpoint copier's command line: the node-side entry point runs this, with the code of ``_checkpoint``.
 
 Usage: ``gpunode-ckpt-copier [--status] [--deadline SECONDS] CONFIG``
 
@@ -12,7 +12,7 @@ and exits 0; an entry that fails is skipped with its own backoff (and
 quarantined after ``quarantine_after`` failures) while the others go on.
 ``--force`` ignores every backoff and quarantine for the first pass. A
 configuration that is not valid exits 2 naming the value. With ``--status`` it
-prints :func:`_checkpoint.copier.status` as JSON (``quarantined`` and ``failing``
+prints :func:`_checkpoint.state.status` as JSON (``quarantined`` and ``failing``
 entries with their reasons) and changes nothing.
 Log lines go to stdout, which systemd sends to the journal.
 """
@@ -23,7 +23,9 @@ import json
 import sys
 import time
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.copier import CopierError, check_config, run_pass, status
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.config import CopierError, check_config
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.passes import run_pass
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.state import status
 
 
 def _log(message):

@@ -16,6 +16,9 @@ Private module_utils of gpunode.tuning, standard library only.
 * :func:`apply` - writes the files with ``_host.files.apply_files`` (atomic, all or
   nothing), runs ``systemctl daemon-reload`` and reads the cgroups back.
 
+The unit names, the files' text and the other files that set ``AllowedCPUs=`` are
+``_cpu.slice_units``; reading the live cgroups and their drift is ``_cpu.slice_cgroups``.
+
 Why ``daemon-reload`` is enough to make ``AllowedCPUs=`` effective in running
 units (systemd v252, Debian 12): ``unit_deserialize()`` (src/core/unit-serialize.c)
 ends with ``unit_invalidate_cgroup(u, _CGROUP_MASK_ALL)`` for every realized
@@ -46,30 +49,25 @@ import time
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpu_partition import PartitionError, as_cpulists, split
-from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import CpuListError, format_cpulist, parse_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import is_live_root, join, list_dir, read_cpulist, read_raw, read_text
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import format_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import is_live_root, join, read_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import (
     UNIT_DIR, PersistError, apply_files, plan_files, rooted, systemctl_show)
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.slice_cgroups import (
+    CGROUP, as_cpu_set, cgroup_v2_problem, drift_of, read_live, restricted_services)
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.slice_units import (
+    CONFIG_DIRS, ROOT_SLICE, SYSTEM_CONF_DIR, dropin_path, header, other_allowed_cpus, overriding_file,
+    overriding_services_file, owned_files, parent_slices, render, services_path, slice_path, unit_name_problem)
 
 DEFAULT_UNITS = ["system.slice", "user.slice", "init.scope"]
 DEFAULT_SLICE = "gpunode-workload.slice"
 DEFAULT_DROPIN = "50-gpunode-cpuset.conf"
-SYSTEM_CONF_DIR = "/etc/systemd/system.conf.d"
-CGROUP = "fs/cgroup"
 STATES = ("present", "absent")
 SYSTEM_SLICE = "system.slice"
 # How system.slice's work is kept on the housekeeping CPUs: its own AllowedCPUs= (slice), or every service's through
 # the top-level service.d drop-in (services), which leaves scopes in system.slice - Slurm's slurmstepd.scope up to
 # Slurm 25.05 - free to get the workload CPUs; auto picks services where slurmd is installed or its scope runs.
 SYSTEM_SLICE_MODES = ("auto", "slice", "services")
-SERVICES_DIR = "service.d"
-ROOT_SLICE = "-.slice"
-# Where else the system manager reads a unit's fragment and drop-ins (systemd.unit(5), unit load path).
-CONFIG_DIRS = ("/etc/systemd/system.control", "/run/systemd/system.control", "/run/systemd/transient",
-               "/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system", "/usr/lib/systemd/system",
-               "/lib/systemd/system")
-_ALLOWED_RE = re.compile(r"^[ \t]*AllowedCPUs[ \t]*=[ \t]*\S", re.M)
-_ANY_ALLOWED_RE = re.compile(r"^[ \t]*AllowedCPUs[ \t]*=", re.M)
 
 # The options, with their defaults, for the module and any caller (one definition).
 ARGUMENT_SPEC = dict(
@@ -91,9 +89,6 @@ MUTUALLY_EXCLUSIVE = [("housekeeping_cpus", "irq_cpus"), ("housekeeping_cpus", "
 # How _cpu_partition's errors name the module's options.
 LABELS = {"housekeeping": "housekeeping_cpus", "irq_cpus": "irq_cpus", "reserved": "reserved_cpus", "workload": "workload_cpus"}
 
-# systemd's src/basic/unit-name.c: VALID_CHARS (plus "@" for instances), UNIT_NAME_MAX 256 with the NUL.
-_UNIT_CHARS = re.compile(r"[A-Za-z0-9:_.\\@-]+\Z")
-_UNIT_NAME_MAX = 255
 _DROPIN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.conf\Z")
 
 
@@ -102,50 +97,7 @@ class SliceError(DetailedError):
     ``details`` names the option or path, the bad value and what was expected."""
 
 
-# ---------------------------------------------------------------- names --
-
-def unit_name_problem(name):
-    """Why ``name`` is not a slice or scope unit name systemd accepts, or None (``unit_name_is_valid()``,
-    ``slice_name_is_valid()``: slices are plain names whose dashes separate parent slices)."""
-    if not isinstance(name, str) or not name:
-        return "it is empty"
-    if len(name) > _UNIT_NAME_MAX:
-        return "it is longer than %d characters" % _UNIT_NAME_MAX
-    stem, dot, suffix = name.rpartition(".")
-    if not dot or suffix not in ("slice", "scope"):
-        return "it does not end in .slice or .scope"
-    if not stem:
-        return "it has nothing before .%s" % suffix
-    if not _UNIT_CHARS.match(stem):
-        return "it has characters systemd does not allow (letters, digits and :_.\\- only, @ before an instance)"
-    at = stem.find("@")
-    if at == 0:
-        return "it starts with @"
-    if at > 0:
-        if suffix == "slice":
-            return "a slice name cannot have an @ (slices are never templates or instances)"
-        if at == len(stem) - 1:
-            return "it is a template (nothing after @), not a unit that runs"
-        if "@" in stem[at + 1:]:
-            return "it has more than one @"
-    if suffix == "slice" and name != ROOT_SLICE:
-        if stem.startswith("-") or stem.endswith("-") or "--" in stem:
-            return "a slice name cannot start or end with a dash or have two in a row (a dash separates parent slices)"
-    return None
-
-
-def parent_slices(name):
-    """The slices a slice is nested in, outermost first (``a-b-c.slice`` -> ``a.slice``, ``a-b.slice``)."""
-    if not name.endswith(".slice") or name == ROOT_SLICE:
-        return []
-    parts = name[:-len(".slice")].split("-")
-    return ["-".join(parts[:n]) + ".slice" for n in range(1, len(parts))]
-
-
-def slice_path(name):
-    """A slice's cgroup below the cgroup root: ``a-b.slice`` -> ``a.slice/a-b.slice``."""
-    return "/".join(parent_slices(name) + [name])
-
+# -------------------------------------------------------------- options --
 
 def check_params(params):
     """The options, checked and normalised; raises SliceError naming the first bad one."""
@@ -229,146 +181,7 @@ def check_params(params):
     return out
 
 
-# ---------------------------------------------------------------- render --
-
-def header(dropin):
-    """The first line of every file this writes; it is also how removal knows a file is its own."""
-    return "# Managed by gpunode.tuning (cpuset_slices module, %s): local changes are overwritten.\n" % dropin
-
-
-def dropin_text(unit, cpus, dropin, workload_slice, workload=False):
-    section = "Scope" if unit.endswith(".scope") else "Slice"
-    if workload:
-        return (header(dropin)
-                + "# %s holds workload (containers): it runs on the workload CPUs, as %s does.\n" % (unit, workload_slice)
-                + "[%s]\nAllowedCPUs=%s\n" % (section, cpus))
-    return (header(dropin)
-            + "# %s runs on the housekeeping CPUs (NIC IRQs, reserved CPUs); the workload\n" % unit
-            + "# runs on the other CPUs, in %s.\n" % workload_slice
-            + "[%s]\nAllowedCPUs=%s\n" % (section, cpus))
-
-
-def services_text(cpus, dropin, why):
-    return (header(dropin)
-            + "# Every service runs on the housekeeping CPUs; system.slice itself is not confined, so that\n"
-            + "# scopes in it get the workload CPUs (%s).\n" % why
-            + "# A service in the workload slice keeps that slice's CPUs: none of these is in them, and the\n"
-            + "# kernel then gives the cgroup its parent's CPUs (cgroup-v2.rst, cpuset.cpus.effective).\n"
-            + "[Service]\nAllowedCPUs=%s\n" % cpus)
-
-
-def services_path(dropin):
-    return "%s/%s/%s" % (UNIT_DIR, SERVICES_DIR, dropin)
-
-
-def slice_text(name, cpus, dropin):
-    parents = parent_slices(name)
-    nested = ("# A dash in a slice name means a parent slice: this one is in %s.\n" % parents[-1]) if parents else ""
-    return (header(dropin)
-            + "# The workload CPUs. Run work here: systemd-run --slice=%s ...,\n" % name
-            + "# or docker run --cgroup-parent=%s --cpuset-cpus=%s ...\n" % (name, cpus)
-            + nested
-            + "[Unit]\nDescription=Workload CPUs %s (gpunode.tuning cpuset_slices)\n" % cpus
-            + "Documentation=man:systemd.slice(5) man:systemd.resource-control(5)\n\n"
-            + "[Slice]\nAllowedCPUs=%s\n" % cpus)
-
-
-def affinity_text(cpus, dropin):
-    return (header(dropin)
-            + "# PID 1's CPU affinity, inherited by every process it starts that sets no\n"
-            + "# CPUAffinity= of its own (units in the workload slice too).\n"
-            + "[Manager]\nCPUAffinity=%s\n" % cpus)
-
-
-def dropin_path(unit, dropin):
-    return "%s/%s.d/%s" % (UNIT_DIR, unit, dropin)
-
-
-def render(units, workload_slice, housekeeping, workload, dropin, cpu_affinity, workload_units=(), services_why=None):
-    """{path: (bytes, mode)} of a present state (``services_why``: the services drop-in, and why)."""
-    house, work = format_cpulist(housekeeping), format_cpulist(workload)
-    files = dict((dropin_path(u, dropin), (dropin_text(u, house, dropin, workload_slice).encode(), 0o644)) for u in units)
-    for unit in workload_units:
-        files[dropin_path(unit, dropin)] = (dropin_text(unit, work, dropin, workload_slice, workload=True).encode(), 0o644)
-    if services_why:
-        files[services_path(dropin)] = (services_text(house, dropin, services_why).encode(), 0o644)
-    files["%s/%s" % (UNIT_DIR, workload_slice)] = (slice_text(workload_slice, work, dropin).encode(), 0o644)
-    if cpu_affinity:
-        files["%s/%s" % (SYSTEM_CONF_DIR, dropin)] = (affinity_text(house, dropin).encode(), 0o644)
-    return files
-
-
-def _ours(path, dropin):
-    try:
-        with open(path, "rb") as handle:
-            return handle.readline().decode("utf-8", "replace") == header(dropin)
-    except OSError:
-        return False
-
-
-def owned_files(root, dropin):
-    """{path: (kind, unit)} of the files on disk that this module wrote with this ``dropin`` (their first line is
-    :func:`header`): kind ``dropin`` (unit = the confined unit), ``slice`` (unit = that slice) or ``affinity``."""
-    found = {}
-    base = rooted(root, UNIT_DIR)
-    for name in list_dir(base):
-        path = os.path.join(base, name)
-        if name.endswith((".slice.d", ".scope.d")) and os.path.isdir(path) and not os.path.islink(path):
-            conf = os.path.join(path, dropin)
-            if os.path.isfile(conf) and not os.path.islink(conf) and _ours(conf, dropin):
-                found[dropin_path(name[:-2], dropin)] = ("dropin", name[:-2])
-        elif name.endswith(".slice") and os.path.isfile(path) and not os.path.islink(path) and _ours(path, dropin):
-            found["%s/%s" % (UNIT_DIR, name)] = ("slice", name)
-        elif name == SERVICES_DIR and os.path.isdir(path) and not os.path.islink(path):
-            conf = os.path.join(path, dropin)
-            if os.path.isfile(conf) and not os.path.islink(conf) and _ours(conf, dropin):
-                found[services_path(dropin)] = ("services", None)
-    conf = "%s/%s" % (SYSTEM_CONF_DIR, dropin)
-    if os.path.isfile(rooted(root, conf)) and _ours(rooted(root, conf), dropin):
-        found[conf] = ("affinity", None)
-    return found
-
-
-def other_allowed_cpus(root, unit, owned):
-    """The first file, other than this module's own (``owned`` paths), that sets AllowedCPUs= for ``unit`` (its
-    fragment or a drop-in in the unit load path), or None. Such a unit is not this module's to check once ours is gone."""
-    for base in CONFIG_DIRS:
-        directory = "%s/%s.d" % (base, unit)
-        for path in ["%s/%s" % (base, unit)] + ["%s/%s" % (directory, n) for n in list_dir(rooted(root, directory))
-                                                if n.endswith(".conf")]:
-            if path in owned:
-                continue
-            text = read_raw(rooted(root, path))
-            if text and _ALLOWED_RE.search(text):
-                return path
-    return None
-
-
-def dropin_dirs(unit):
-    """Every drop-in directory name systemd reads for ``unit`` (src/shared/dropin.c): ``UNIT.d``, the dash
-    prefixes (``a-.slice.d`` for ``a-b.slice``) and the unit type's (``slice.d``)."""
-    stem, _dot, suffix = unit.rpartition(".")
-    parts = stem.split("-")
-    return ["%s.d" % unit] + ["%s-.%s.d" % ("-".join(parts[:n]), suffix) for n in range(len(parts) - 1, 0, -1)] + \
-        ["%s.d" % suffix]
-
-
-def overriding_file(root, unit, after, owned):
-    """The first drop-in (not in ``owned``) that sets AllowedCPUs= for ``unit`` and whose file name sorts after
-    ``after`` (all of them when ``after`` is None), or None. systemd reads a unit's drop-ins from every directory
-    in one list sorted by file name (conf_files_list_strv(), src/basic/conf-files.c), and the last AllowedCPUs= wins."""
-    for base in CONFIG_DIRS:
-        for directory in dropin_dirs(unit):
-            path_dir = "%s/%s" % (base, directory)
-            for name in list_dir(rooted(root, path_dir)):
-                path = "%s/%s" % (path_dir, name)
-                if not name.endswith(".conf") or path in owned or (after is not None and name <= after):
-                    continue
-                text = read_raw(rooted(root, path))
-                if text and _ANY_ALLOWED_RE.search(text):
-                    return path
-    return None
-
+# ---------------------------------------------------------------- plan --
 
 def slurm_steps_in_system_slice(root, sysfs):
     """Why Slurm's job steps run in system.slice on this node, or None. Slurm's cgroup/v2 plugin starts
@@ -386,123 +199,6 @@ def slurm_steps_in_system_slice(root, sysfs):
                     "(up to 25.05; CgroupSlice= in 25.11 can move them)" % path)
     return None
 
-
-def overriding_services_file(root, dropin, owned):
-    """Another top-level service.d drop-in that sets AllowedCPUs= and sorts after ours, or None."""
-    for base in CONFIG_DIRS:
-        directory = "%s/%s" % (base, SERVICES_DIR)
-        for name in list_dir(rooted(root, directory)):
-            path = "%s/%s" % (directory, name)
-            if name.endswith(".conf") and path not in owned and name > dropin:
-                text = read_raw(rooted(root, path))
-                if text and _ANY_ALLOWED_RE.search(text):
-                    return path
-    return None
-
-
-def restricted_services(cgroot):
-    """The running services with a cpuset.cpus of their own (relative cgroup path by unit), anywhere in the tree."""
-    found, todo = {}, [""]
-    while todo:
-        rel = todo.pop(0)
-        here = os.path.join(cgroot, rel) if rel else cgroot
-        for name in list_dir(here):
-            sub = "%s/%s" % (rel, name) if rel else name
-            if name.endswith(".slice") and os.path.isdir(os.path.join(here, name)):
-                todo.append(sub)
-            elif name.endswith(".service") and read_text(os.path.join(here, name, "cpuset.cpus")):
-                found[name] = sub
-    return found
-
-
-# ---------------------------------------------------------------- cgroups --
-
-def cgroup_v2_problem(sysfs):
-    """Why this node's cgroups cannot hold AllowedCPUs= (cgroup v1, hybrid, no cpuset controller), or None."""
-    path = join(sysfs, CGROUP, "cgroup.controllers")
-    text = read_text(path)
-    if text is None:
-        return dict(msg="cgroup v2 is required: %s does not exist, so %s is cgroup v1 or the hybrid layout, where "
-                        "systemd's AllowedCPUs= does nothing. Boot with systemd.unified_cgroup_hierarchy=1 (the default "
-                        "since systemd 247)" % (path, join(sysfs, CGROUP)),
-                    path=path, expected="the unified cgroup hierarchy (cgroup2) at %s" % join(sysfs, CGROUP))
-    if "cpuset" not in text.split():
-        return dict(msg="the cpuset controller is not available: %s lists %s" % (path, text or "(nothing)"),
-                    path=path, value=text, expected="cpuset among the controllers")
-    return None
-
-
-def cgroup_of(cgroot, unit):
-    """A unit's cgroup below ``cgroot`` (relative path), or None when it has none (not running).
-    Slices follow their names; a scope is looked for in every slice's cgroup (init.scope is in the root)."""
-    if unit.endswith(".slice"):
-        rel = slice_path(unit)
-        return rel if os.path.isdir(os.path.join(cgroot, rel)) else None
-    todo = [""]
-    while todo:
-        rel = todo.pop(0)
-        here = os.path.join(cgroot, rel) if rel else cgroot
-        if os.path.isdir(os.path.join(here, unit)):
-            return "%s/%s" % (rel, unit) if rel else unit
-        todo += ["%s/%s" % (rel, n) if rel else n for n in list_dir(here)
-                 if n.endswith(".slice") and os.path.isdir(os.path.join(here, n))]
-    return None
-
-
-def read_live(cgroot, unit):
-    """``{cgroup, cpus, effective, populated}`` of a unit: ``cpus`` its own cpuset.cpus (None without the file:
-    the cpuset controller is not enabled for it), ``effective`` its cpuset.cpus.effective, or the nearest
-    ancestor's when it has none of its own (the CPUs its processes may use). All None when it has no cgroup."""
-    rel = cgroup_of(cgroot, unit)
-    if rel is None:
-        return {"cgroup": None, "cpus": None, "effective": None, "populated": False, "parent_effective": None}
-    cpus = read_text(os.path.join(cgroot, rel, "cpuset.cpus"))
-    effective = _nearest_effective(cgroot, rel)
-    events = read_text(os.path.join(cgroot, rel, "cgroup.events")) or ""
-    return {"cgroup": rel, "cpus": cpus, "effective": effective, "populated": "populated 1" in events.splitlines(),
-            "parent_effective": _nearest_effective(cgroot, os.path.dirname(rel)) if rel else None}
-
-
-def _nearest_effective(cgroot, rel):
-    """cpuset.cpus.effective of ``rel``, or of its nearest ancestor that has the file."""
-    effective, here = None, rel
-    while effective is None:
-        effective = read_text(os.path.join(cgroot, here, "cpuset.cpus.effective"))
-        if not here:
-            break
-        here = os.path.dirname(here)
-    return effective
-
-
-def _as_set(text):
-    try:
-        return set(parse_cpulist(text))
-    except CpuListError:
-        return None
-
-
-def drift_of(want, live):
-    """Why a unit's live cpuset is not what the files ask for, or None. ``want``: the set of CPUs, or None for
-    a unit with no AllowedCPUs= of ours any more (its own cpuset.cpus must be empty). No cgroup: no drift."""
-    if live["cgroup"] is None:
-        return None
-    if want is None:
-        # No restriction of its own: empty, or (where the kernel refuses an empty list for a cgroup with tasks) every
-        # CPU its parent has.
-        parent = _as_set(live.get("parent_effective") or "")
-        if live["cpus"] and not (parent and (_as_set(live["cpus"]) or set()) >= parent):
-            return "cpuset.cpus is %s, want no restriction of its own" % live["cpus"]
-        return None
-    if live["cpus"] is None:
-        return "no cpuset.cpus (the cpuset controller is not enabled for it), want %s" % format_cpulist(want)
-    if _as_set(live["cpus"]) != want:
-        return "cpuset.cpus is %s, want %s" % (live["cpus"] or '""', format_cpulist(want))
-    if _as_set(live["effective"]) != want:
-        return "cpuset.cpus.effective is %s, want %s" % (live["effective"] or '""', format_cpulist(want))
-    return None
-
-
-# ---------------------------------------------------------------- plan --
 
 def _present(p, sysfs):
     """The split, the files of a present state and the CPUs each unit must have."""
@@ -728,7 +424,7 @@ def apply(decided, systemd, check, sleep=time.sleep, settle=2.0):
         for unit, props in zip(stale, shown):
             allowed = (props.get("AllowedCPUs") or "").strip()
             if allowed:
-                want[unit] = _as_set(allowed)
+                want[unit] = as_cpu_set(allowed)
                 decided["warnings"].append("%s has AllowedCPUs=%s from another drop-in: left as it is" % (unit, allowed))
                 continue
             try:

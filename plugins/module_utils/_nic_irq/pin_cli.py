@@ -57,9 +57,10 @@ import sys
 import time
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import ALLOWED_COMMANDS, LockError, TreeError
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import (
-    AffinityError, pin_lock, run_desired_state)
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_KEYS, NicError, read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import pin_lock, run_desired_state
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_KEYS, NicError
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic_irqs import read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_plan import AffinityError
 
 DEFAULT_STATE = "/etc/gpunode/nic-irq-affinity.json"
 

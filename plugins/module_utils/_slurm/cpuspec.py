@@ -40,7 +40,9 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.conf import 
     remove_key,
     set_value,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.cpus import SlurmCpuError, cpu_list, cpu_spec_list, parse_scontrol_nodes, topology_view
+from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.cpus import SlurmCpuError, cpu_list, cpu_spec_list
+from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.scontrol import parse_scontrol_nodes
+from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.topology import topology_view
 
 # Attributes that name one thing per node of the line: they are split with NodeName.
 PER_NODE_KEYS = ("nodehostname", "nodeaddr")

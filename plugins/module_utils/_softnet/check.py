@@ -24,7 +24,7 @@ window: the CPUs whose ``/proc/interrupts`` counts of those IRQs grew between
 the two samples (``irq_cpus_fired``). ``effective_affinity_list`` lags behind
 a new pin until each IRQ fires again (seed 000, step 3 note), so a pin made a
 second before the window is seen at once only this way. When no queue IRQ
-fired, the affinity files (``_nic_irq.nic.read_nic``, the same code ``nic_irq_facts``
+fired, the affinity files (``_nic_irq.nic_irqs.read_nic``, the same code ``nic_irq_facts``
 uses: effective affinity, else ``smp_affinity_list``) are the fallback. Both
 are reported, with the source used.
 """
@@ -39,7 +39,8 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist impo
     parse_cpulist,
 )
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.interrupts import InterruptsError, parse_interrupts
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_KEYS, NicError, read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_KEYS, NicError
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic_irqs import read_nic
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.proc_tasks import attribute, describe, on_cpus, read_tasks
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.procfs import SoftnetError
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.sample import read_sample

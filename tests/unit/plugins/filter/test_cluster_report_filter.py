@@ -2,7 +2,7 @@
 # Copyright (c) gpunode.tuning contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The cluster_report_* filters: the same texts as module_utils/_report/cluster, bad input as AnsibleFilterError."""
+"""The cluster_report_* filters: the same texts as module_utils/_report/render, bad input as AnsibleFilterError."""
 
 from __future__ import annotations
 
@@ -13,13 +13,8 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpunode.tuning.plugins.filter.cluster_report import FilterModule
-from ansible_collections.gpunode.tuning.plugins.module_utils._report.cluster import (
-    build_report,
-    render_html,
-    render_junit,
-    render_lines,
-    render_markdown,
-)
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.cluster import build_report
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.render import render_html, render_junit, render_lines, render_markdown
 
 FILTERS = FilterModule().filters()
 NAMES = ["cluster_report_html", "cluster_report_junit", "cluster_report_lines", "cluster_report_markdown", "collect_play"]

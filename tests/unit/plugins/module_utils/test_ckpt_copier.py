@@ -19,8 +19,12 @@ import pytest
 from ckpt_testlib import config, mounted, quiet_log
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import cli as _ckpt_cli
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import config as cc_config
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import copier as cc
-from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.copier import CopierError
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import entries as cc_entries
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import passes as cc_passes
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import state as cc_state
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.config import CopierError
 
 # SYNTHETIC mountinfo: / on ext4, /mnt/nfs on NFS v4, /local on an NVMe xfs.
 MOUNTINFO = (
@@ -69,32 +73,32 @@ def test_bad_config_names_the_value(dirs, tmp_path, over, option, expected):
 
 def test_staging_inside_target_is_no_staging(dirs, tmp_path):
     with pytest.raises(CopierError) as err:
-        cc.check_config({"staging_dir": str(dirs[1] / "stage"), "target_dir": str(dirs[1])})
+        cc_config.check_config({"staging_dir": str(dirs[1] / "stage"), "target_dir": str(dirs[1])})
     assert "that is no staging" in str(err.value)
 
 
 def test_placement_on_mountinfo():
-    base = cc.check_config({"staging_dir": "/local/ckpt", "target_dir": "/mnt/nfs/ckpt"})
-    placed = cc.check_placement(base, MOUNTINFO)
+    base = cc_config.check_config({"staging_dir": "/local/ckpt", "target_dir": "/mnt/nfs/ckpt"})
+    placed = cc_config.check_placement(base, MOUNTINFO)
     assert placed["target_fstype"] == "nfs4" and placed["target_mount"] == "/mnt/nfs" and placed["staging_mount"] == "/local"
     with pytest.raises(CopierError) as err:  # the NFS mount is not there: the target is a directory on /
-        cc.check_placement(cc.check_config({"staging_dir": "/local/ckpt", "target_dir": "/srv/ckpt"}), MOUNTINFO)
+        cc_config.check_placement(cc_config.check_config({"staging_dir": "/local/ckpt", "target_dir": "/srv/ckpt"}), MOUNTINFO)
     assert err.value.details["option"] == "target_dir" and "not on a mounted" in str(err.value)
     with pytest.raises(CopierError) as err:  # both on the NFS mount
-        cc.check_placement(cc.check_config({"staging_dir": "/mnt/nfs/stage", "target_dir": "/mnt/nfs/ckpt"}), MOUNTINFO)
+        cc_config.check_placement(cc_config.check_config({"staging_dir": "/mnt/nfs/stage", "target_dir": "/mnt/nfs/ckpt"}), MOUNTINFO)
     assert err.value.details["option"] == "staging_dir" and "same filesystem" in str(err.value)
 
 
 def test_placement_reads_this_hosts_mountinfo():
     with open("/proc/self/mountinfo", encoding="utf-8") as handle:
-        mounts = cc.parse_mountinfo(handle.read())
+        mounts = cc_config.parse_mountinfo(handle.read())
     # "/" is a mount point on a booted host but not in a chroot or every container: use the points listed here.
     points = [point for point, _fs, _src in mounts if os.path.isdir(point)]
     assert points, mounts
     for point in points:
-        assert cc.mount_of(point, mounts)[0] == point
-        assert cc.mount_of(os.path.join(point, "no-such-child"), mounts)[0] == point
-    assert cc.mount_of("/proc/self", mounts)[1] == "proc"
+        assert cc_config.mount_of(point, mounts)[0] == point
+        assert cc_config.mount_of(os.path.join(point, "no-such-child"), mounts)[0] == point
+    assert cc_config.mount_of("/proc/self", mounts)[1] == "proc"
 
 
 # ------------------------------------------------------------------- rules --
@@ -105,15 +109,15 @@ def test_rename_rule_copies_only_the_renamed_file(dirs, tmp_path):
     data = os.urandom(3 * 1024 * 1024 + 17)
     (staging / "step100.pt.tmp").write_bytes(data)
     lines, log = quiet_log()
-    summary = cc.run_pass(cfg, log=log)
+    summary = cc_passes.run_pass(cfg, log=log)
     assert summary["copied"] == [] and summary["waiting"] == ["step100.pt.tmp"]
     assert os.listdir(target) == []
     os.rename(staging / "step100.pt.tmp", staging / "step100.pt")
-    summary = cc.run_pass(cfg, log=log)
+    summary = cc_passes.run_pass(cfg, log=log)
     assert summary["copied"] == ["step100.pt"]
     assert sha((target / "step100.pt").read_bytes()) == sha(data)
     assert os.listdir(staging) == [] and sorted(os.listdir(target)) == ["step100.pt"]
-    state = cc.load_state(cfg["state_file"])
+    state = cc_state.load_state(cfg["state_file"])
     assert state["copied"] == 1 and state["bytes_copied"] == len(data) and state["history"][0]["sha256"] == sha(data)
     assert any("copied step100.pt" in line for line in lines)
 
@@ -122,9 +126,9 @@ def test_marker_rule_waits_for_the_marker_and_removes_it(dirs, tmp_path):
     staging, target = dirs
     cfg = config(dirs, tmp_path, completion="marker")
     (staging / "ckpt-7.pt").write_bytes(b"x" * 1000)
-    assert cc.run_pass(cfg, log=quiet_log()[1])["waiting"] == ["ckpt-7.pt"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["waiting"] == ["ckpt-7.pt"]
     (staging / "ckpt-7.pt.done").write_text("")
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["ckpt-7.pt"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == ["ckpt-7.pt"]
     assert os.listdir(staging) == [] and os.listdir(target) == ["ckpt-7.pt"]
 
 
@@ -136,13 +140,13 @@ def test_quiescent_rule_open_file_and_quiet_time(dirs, tmp_path):
         handle.write(b"y" * 4096)
         handle.flush()
         os.utime(path, (time.time() - 300, time.time() - 300))
-        entry = cc.scan(cfg)[0]
+        entry = cc_entries.scan(cfg)[0]
         assert not entry["complete"] and entry["why"].startswith("open by a process")
     os.utime(path, (time.time() - 5, time.time() - 5))  # closed, but written 5 s ago
-    entry = cc.scan(cfg)[0]
+    entry = cc_entries.scan(cfg)[0]
     assert not entry["complete"] and entry["why"] == "changed 5 s ago (quiet_seconds 30)"
     os.utime(path, (time.time() - 31, time.time() - 31))
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["model.safetensors"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == ["model.safetensors"]
     assert os.listdir(target) == ["model.safetensors"]
 
 
@@ -154,10 +158,10 @@ def test_sharded_directory_moves_as_a_unit(dirs, tmp_path):
     for rel, data in shards.items():
         (staging / "step200.tmp" / rel).write_bytes(data)
     os.rename(staging / "step200.tmp", staging / "step200")
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["step200"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == ["step200"]
     for rel, data in shards.items():
         assert (target / "step200" / rel).read_bytes() == data
-    record = cc.load_state(cfg["state_file"])["history"][-1]
+    record = cc_state.load_state(cfg["state_file"])["history"][-1]
     assert record["kind"] == "directory" and record["files"] == 3 and record["bytes"] == 500002
 
 
@@ -175,22 +179,22 @@ def test_a_fifo_is_refused_without_a_stall_and_retried_once_it_is_a_file(dirs, t
     (staging / "step301.pt").write_bytes(b"n" * 100)
     lines, log = quiet_log()
     start = time.monotonic()
-    summary = cc.run_pass(cfg, log=log)
+    summary = cc_passes.run_pass(cfg, log=log)
     assert time.monotonic() - start < 10
     assert summary["copied"] == ["step301.pt"] and summary["failed"] is None
     assert "b.distcp is a FIFO" in summary["entry_failures"][0]["reason"]
     assert sorted(os.listdir(target)) == ["step301.pt"]  # no final name, no partial
     assert sorted(os.listdir(staging / "step300")) == ["a.distcp", "b.distcp"]
-    state = cc.load_state(cfg["state_file"])
+    state = cc_state.load_state(cfg["state_file"])
     assert state["retried"] == 1 and state["entries"]["step300"]["failures"] == 1
     assert state["entries"]["step300"]["until"] > time.time() and state["backoff"] == {"seconds": 0, "until": 0}
-    assert cc.run_pass(cfg, log=log)["waiting"] == ["step300"]  # its own backoff
+    assert cc_passes.run_pass(cfg, log=log)["waiting"] == ["step300"]  # its own backoff
     os.unlink(staging / "step300" / "b.distcp")
     (staging / "step300" / "b.distcp").write_bytes(b"b" * 7000)  # the entry changed: its failures are forgotten
-    assert cc.run_pass(cfg, log=log)["copied"] == ["step300"]
+    assert cc_passes.run_pass(cfg, log=log)["copied"] == ["step300"]
     assert sorted(os.listdir(target)) == ["step300", "step301.pt"]
     assert (target / "step300" / "b.distcp").read_bytes() == b"b" * 7000
-    assert cc.load_state(cfg["state_file"])["entries"] == {}
+    assert cc_state.load_state(cfg["state_file"])["entries"] == {}
     assert any("this entry is retried in 5 s, the others go on" in line for line in lines)
 
 
@@ -201,16 +205,16 @@ def test_target_unavailable_backs_off_doubling_to_the_maximum(dirs, tmp_path):
     os.rmdir(target)
     waits = []
     for attempt in range(5):
-        summary = cc.run_pass(cfg, log=quiet_log()[1], force=True)
+        summary = cc_passes.run_pass(cfg, log=quiet_log()[1], force=True)
         assert "unavailable" in summary["failed"]["reason"]
-        state = cc.load_state(cfg["state_file"])
+        state = cc_state.load_state(cfg["state_file"])
         assert state["retried"] == attempt + 1
         waits.append(state["backoff"]["seconds"])
     assert waits == [5, 10, 20, 40, 40]
     assert os.listdir(staging) == ["c.pt"]
     target.mkdir()
-    assert cc.run_pass(cfg, log=quiet_log()[1], force=True)["copied"] == ["c.pt"]
-    assert cc.load_state(cfg["state_file"])["retried"] == 5
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1], force=True)["copied"] == ["c.pt"]
+    assert cc_state.load_state(cfg["state_file"])["retried"] == 5
 
 
 def test_final_name_present_is_verified_not_overwritten(dirs, tmp_path):
@@ -223,11 +227,11 @@ def test_final_name_present_is_verified_not_overwritten(dirs, tmp_path):
     (staging / "other.pt").write_bytes(b"new")
     (target / "other.pt").write_bytes(b"old")
     os.utime(staging / "same.pt", (1, 1))  # oldest first
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert summary["copied"] == ["same.pt", "other.pt"] and summary["failed"] is None
     assert os.listdir(staging) == [] and (target / "other.pt").read_bytes() == b"new"
     assert (target / "other.pt.~1~").read_bytes() == b"old"
-    state = cc.load_state(cfg["state_file"])
+    state = cc_state.load_state(cfg["state_file"])
     assert state["present"] == 1 and state["history"][-1]["aside"] == "other.pt.~1~"
 
 
@@ -238,11 +242,11 @@ def test_size_mtime_verification_and_watermark_pause_file(dirs, tmp_path):
     (staging / "d.pt").write_bytes(b"d" * 10)
     os.utime(staging / "d.pt", (1700000000, 1700000000))
     lines, log = quiet_log()
-    summary = cc.run_pass(cfg, log=log)
+    summary = cc_passes.run_pass(cfg, log=log)
     assert summary["above_watermark"] and pause.exists() and any("watermark 0 %" in line for line in lines)
     assert os.stat(target / "d.pt").st_mtime == 1700000000 and (target / "d.pt").read_bytes() == b"d" * 10
     cfg = config(dirs, tmp_path, watermark_percent=100, pause_file=str(pause))
-    assert not cc.run_pass(cfg, log=log)["above_watermark"] and not pause.exists()
+    assert not cc_passes.run_pass(cfg, log=log)["above_watermark"] and not pause.exists()
 
 
 def test_second_pass_does_not_wait_for_the_lock(dirs, tmp_path):
@@ -262,13 +266,13 @@ def test_second_pass_does_not_wait_for_the_lock(dirs, tmp_path):
             os._exit(0)  # pylint: disable=protected-access
     try:
         assert os.read(ready_r, 1) == b"1"
-        assert "another pass" in cc.run_pass(cfg, log=quiet_log()[1])["skipped"]
+        assert "another pass" in cc_passes.run_pass(cfg, log=quiet_log()[1])["skipped"]
     finally:
         os.write(done_w, b"1")
         os.waitpid(pid, 0)
         for fd in (ready_r, ready_w, done_r, done_w):
             os.close(fd)
-    assert "skipped" not in cc.run_pass(cfg, log=quiet_log()[1])
+    assert "skipped" not in cc_passes.run_pass(cfg, log=quiet_log()[1])
 
 
 # ------------------------------------------------------------ status, cli --
@@ -306,11 +310,11 @@ def test_no_copy_while_the_target_is_not_on_its_mount(dirs, tmp_path):
                 handle.write("22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n")
         cfg = config(dirs, tmp_path, mountinfo_path=table)
         lines, log = quiet_log()
-        summary = cc.run_pass(cfg, log=log, force=True)
+        summary = cc_passes.run_pass(cfg, log=log, force=True)
         assert summary["copied"] == [] and summary["failed"]["entry"] is None, summary
         assert "is not on" in summary["failed"]["reason"] and "retry in" in lines[-1], lines
         assert (dirs[0] / "ckpt-1.pt").exists() and os.listdir(dirs[1]) == []
-    assert cc.run_pass(config(dirs, tmp_path), log=quiet_log()[1], force=True)["copied"] == ["ckpt-1.pt"]
+    assert cc_passes.run_pass(config(dirs, tmp_path), log=quiet_log()[1], force=True)["copied"] == ["ckpt-1.pt"]
 
 
 def _progressing(seconds, step):
@@ -324,10 +328,10 @@ def _progressing(seconds, step):
 def test_the_timeout_is_for_no_progress_not_for_a_long_copy():
     """A copy that keeps moving (a beat per chunk) runs past op_timeout and finishes; one that stops is killed."""
     start = time.monotonic()
-    assert cc.in_child(_progressing, 1, 2.5, 0.2) == "done"
+    assert cc_passes.in_child(_progressing, 1, 2.5, 0.2) == "done"
     assert time.monotonic() - start >= 2.5
-    with pytest.raises(cc.OpTimeout) as err:
-        cc.in_child(_progressing, 1, 3, 1.5)
+    with pytest.raises(cc_passes.OpTimeout) as err:
+        cc_passes.in_child(_progressing, 1, 3, 1.5)
     assert "made no progress for 1 s" in str(err.value)
 
 

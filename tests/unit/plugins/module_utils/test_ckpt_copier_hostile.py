@@ -22,7 +22,11 @@ import pytest
 
 from ckpt_testlib import config, quiet_log
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import config as cc_config
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import copier as cc
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import entries as cc_entries
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import passes as cc_passes
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import state as cc_state
 from ansible_collections.gpunode.tuning.plugins.module_utils._report import preflight as P
 
 
@@ -84,7 +88,7 @@ def test_a_link_to_a_file_outside_is_refused_and_the_rest_is_copied(dirs, tmp_pa
     old(staging / "x.pt")
     (staging / "y.pt").write_bytes(b"weights")
     lines, log = quiet_log()
-    summary = cc.run_pass(cfg, log=log)
+    summary = cc_passes.run_pass(cfg, log=log)
     assert summary["copied"] == ["y.pt"] and summary["failed"] is None
     assert "x.pt is a link to %s, outside staging: refused, never followed" % secret in summary["entry_failures"][0]["reason"]
     assert sorted(os.listdir(target)) == ["y.pt"]
@@ -97,7 +101,7 @@ def test_a_linked_directory_is_refused(dirs, tmp_path, secret):
     staging, target = dirs
     cfg = config(dirs, tmp_path)
     os.symlink(secret.parent, staging / "ck3")
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert summary["copied"] == [] and "ck3 is a link to" in summary["entry_failures"][0]["reason"]
     assert os.listdir(target) == []
 
@@ -110,7 +114,7 @@ def test_links_inside_an_entry_stay_links_inside_and_out_is_refused(dirs, tmp_pa
     (ck / "shards" / "0.distcp").write_bytes(b"zero")
     os.symlink("shards/0.distcp", ck / "latest")  # inside: recreated as a link
     os.symlink("../shards", ck / "shards" / "self")  # inside, through ..: a link to its own directory
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["step10"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == ["step10"]
     assert os.readlink(target / "step10" / "latest") == "shards/0.distcp"
     assert os.readlink(target / "step10" / "shards" / "self") == "../shards"
     assert (target / "step10" / "latest").read_bytes() == b"zero"
@@ -120,7 +124,7 @@ def test_links_inside_an_entry_stay_links_inside_and_out_is_refused(dirs, tmp_pa
         (staging / name / "a.distcp").write_bytes(b"a")
         os.symlink(link, staging / name / "model.pt")
     os.symlink(".", staging / "step14")  # a top-level link that leads to staging itself
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     reasons = sorted(f["reason"] for f in summary["entry_failures"])
     assert len(reasons) == 4 and all("refused, never followed" in r for r in reasons), reasons
     assert sorted(os.listdir(target)) == ["step10"]
@@ -133,7 +137,7 @@ def test_a_link_to_dev_zero_never_runs_and_fills_nothing(dirs, tmp_path):
     os.symlink("/dev/zero", staging / "zero.pt")
     (staging / "ok.pt").write_bytes(b"ok")
     start = time.monotonic()
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert time.monotonic() - start < 5
     assert summary["copied"] == ["ok.pt"] and "zero.pt is a link to /dev/zero" in summary["entry_failures"][0]["reason"]
     assert sorted(os.listdir(target)) == ["ok.pt"]
@@ -146,7 +150,7 @@ def test_a_fifo_entry_is_never_opened_and_blocks_nothing(dirs, tmp_path):
     old(staging / "pipe.pt")
     (staging / "after.pt").write_bytes(b"a")
     start = time.monotonic()
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert time.monotonic() - start < 5
     assert summary["copied"] == ["after.pt"] and "pipe.pt is a FIFO" in summary["entry_failures"][0]["reason"]
     assert stat.S_ISFIFO(os.lstat(staging / "pipe.pt").st_mode) and sorted(os.listdir(target)) == ["after.pt"]
@@ -158,13 +162,13 @@ def test_lightning_last_ckpt_link_is_recreated_on_the_target(dirs, tmp_path):
     (staging / "epoch=1.ckpt").write_bytes(b"one")
     old(staging / "epoch=1.ckpt", 50)
     os.symlink("epoch=1.ckpt", staging / "last.ckpt")
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["epoch=1.ckpt", "last.ckpt"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == ["epoch=1.ckpt", "last.ckpt"]
     assert os.readlink(target / "last.ckpt") == "epoch=1.ckpt" and (target / "last.ckpt").read_bytes() == b"one"
     assert os.listdir(staging) == []
     (staging / "epoch=2.ckpt").write_bytes(b"two")
     old(staging / "epoch=2.ckpt", 50)
     os.symlink("epoch=2.ckpt", staging / "last.ckpt")
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["epoch=2.ckpt", "last.ckpt"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == ["epoch=2.ckpt", "last.ckpt"]
     assert os.readlink(target / "last.ckpt") == "epoch=2.ckpt"  # a link replaces a link: no last.ckpt.~1~
     assert sorted(os.listdir(target)) == ["epoch=1.ckpt", "epoch=2.ckpt", "last.ckpt"]
     # Its referent not on the target yet (the link is older): it waits, not a failure, and follows on the next pass.
@@ -172,10 +176,10 @@ def test_lightning_last_ckpt_link_is_recreated_on_the_target(dirs, tmp_path):
     os.symlink("epoch=3.ckpt", staging / "last.ckpt")
     old(staging / "last.ckpt", 100)
     old(staging / "epoch=3.ckpt", 50)
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert summary["copied"] == ["epoch=3.ckpt"] and summary["changed"][0]["entry"] == "last.ckpt"
     assert summary["entry_failures"] == [] and os.readlink(target / "last.ckpt") == "epoch=2.ckpt"
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["last.ckpt"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == ["last.ckpt"]
     assert os.readlink(target / "last.ckpt") == "epoch=3.ckpt"
 
 
@@ -196,10 +200,10 @@ def test_swapping_in_a_link_once_the_partial_appears_copies_nothing_of_it(dirs, 
             os.symlink(secret, src)
 
     monkeypatch.setitem(cc._HOOKS, "after_chunk", swap)  # pylint: disable=protected-access
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert summary["copied"] == [] and "x.pt" in summary["changed"][0]["reason"]
     assert os.listdir(target) == []  # the partial was dropped
-    summary = cc.run_pass(cfg, log=quiet_log()[1])  # now a link out: refused
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])  # now a link out: refused
     assert summary["copied"] == [] and "refused" in summary["entry_failures"][0]["reason"]
     assert os.listdir(target) == [] and os.path.islink(src)
     assert_no_secret(target, secret)
@@ -220,9 +224,9 @@ def test_a_same_size_decoy_renamed_in_during_the_copy_is_never_mixed(dirs, tmp_p
             os.rename(decoy, src)
 
     monkeypatch.setitem(cc._HOOKS, "after_chunk", swap)  # pylint: disable=protected-access
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert summary["copied"] == [] and summary["changed"] and os.listdir(target) == []
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["x.pt"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == ["x.pt"]
     assert (target / "x.pt").read_bytes() == b"d" * 8192  # all of one version, never a mix
 
 
@@ -241,13 +245,13 @@ def test_an_in_place_same_size_rewrite_during_the_copy_keeps_the_source(dirs, tm
 
     monkeypatch.setitem(cc._HOOKS, "after_chunk", rewrite)  # pylint: disable=protected-access
     lines, log = quiet_log()
-    summary = cc.run_pass(cfg, log=log)
+    summary = cc_passes.run_pass(cfg, log=log)
     assert summary["copied"] == [] and "changed while it was copied" in summary["changed"][0]["reason"]
-    assert summary["entry_failures"] == [] and cc.load_state(cfg["state_file"])["retried"] == 0  # not a failure
+    assert summary["entry_failures"] == [] and cc_state.load_state(cfg["state_file"])["retried"] == 0  # not a failure
     assert src.read_bytes() == b"2" * 8192 and os.listdir(target) == []
     assert any("not a failure" in line for line in lines)
     monkeypatch.delitem(cc._HOOKS, "after_chunk")  # pylint: disable=protected-access
-    assert cc.run_pass(cfg, log=log)["copied"] == ["model.pt"]
+    assert cc_passes.run_pass(cfg, log=log)["copied"] == ["model.pt"]
     assert (target / "model.pt").read_bytes() == b"2" * 8192
 
 
@@ -263,12 +267,12 @@ def test_bytes_appended_between_copy_and_removal_are_kept(dirs, tmp_path, monkey
             handle.write(b"b" * 10)
 
     monkeypatch.setitem(cc._HOOKS, "before_remove", append)  # pylint: disable=protected-access
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert summary["copied"] == ["model.pt"] and "nothing removed" in summary["kept"][0]["kept"][0]
     assert src.read_bytes() == b"a" * 1000 + b"b" * 10  # kept, with every byte
     assert (target / "model.pt").read_bytes() == b"a" * 1000
     monkeypatch.delitem(cc._HOOKS, "before_remove")  # pylint: disable=protected-access
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["model.pt"]  # the longer one, the first set aside
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == ["model.pt"]  # the longer one, the first set aside
     assert (target / "model.pt").read_bytes() == b"a" * 1000 + b"b" * 10
     assert (target / "model.pt.~1~").read_bytes() == b"a" * 1000 and os.listdir(staging) == []
 
@@ -287,7 +291,7 @@ def test_a_shard_added_during_the_copy_or_before_removal_is_never_removed(dirs, 
             (ck / "2.distcp").write_bytes(b"2" * 100)
 
     monkeypatch.setitem(cc._HOOKS, "after_chunk", add)  # pylint: disable=protected-access
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert summary["copied"] == [] and "2.distcp appeared" in summary["changed"][0]["reason"]
     assert sorted(os.listdir(ck)) == ["0.distcp", "1.distcp", "2.distcp"] and os.listdir(target) == []
     monkeypatch.delitem(cc._HOOKS, "after_chunk")  # pylint: disable=protected-access
@@ -296,7 +300,7 @@ def test_a_shard_added_during_the_copy_or_before_removal_is_never_removed(dirs, 
         (ck / "3.distcp").write_bytes(b"3" * 100)
 
     monkeypatch.setitem(cc._HOOKS, "before_remove", add_late)  # pylint: disable=protected-access
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert summary["copied"] == ["step5"] and "3.distcp appeared" in summary["kept"][0]["kept"][0]
     assert sorted(os.listdir(ck)) == ["0.distcp", "1.distcp", "2.distcp", "3.distcp"]
     assert sorted(os.listdir(target / "step5")) == ["0.distcp", "1.distcp", "2.distcp"]
@@ -305,7 +309,7 @@ def test_a_shard_added_during_the_copy_or_before_removal_is_never_removed(dirs, 
 def walk(staging, name):
     fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return cc._walk_entry(fd, name)  # pylint: disable=protected-access
+        return cc_entries._walk_entry(fd, name)  # pylint: disable=protected-access
     finally:
         os.close(fd)
 
@@ -317,7 +321,7 @@ def test_removal_takes_only_the_copied_files_then_rmdir(dirs, tmp_path, monkeypa
     ck = staging / "step6"
     (ck / "sub").mkdir(parents=True)
     (ck / "sub" / "a").write_bytes(b"a")
-    entry = cc.scan(cfg)[0]
+    entry = cc_entries.scan(cfg)[0]
     manifest = walk(staging, "step6")
     (ck / "sub" / "late").write_bytes(b"late")
     kept = cc.remove_source(entry, cfg, manifest)
@@ -348,12 +352,12 @@ def test_a_target_copy_that_differs_is_not_counted_and_the_source_is_kept(dirs, 
             handle.write(b"X")
 
     monkeypatch.setitem(cc._HOOKS, "before_verify", corrupt)  # pylint: disable=protected-access
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert summary["copied"] == [] and "sha256 on the target differs" in summary["entry_failures"][0]["reason"]
     assert (staging / "v.pt").read_bytes() == b"v" * 5000 and os.listdir(target) == []
     for mode in ("size_mtime",):
         monkeypatch.setitem(cc._HOOKS, "before_verify", lambda path: os.truncate(path, 10))  # pylint: disable=protected-access
-        summary = cc.run_pass(config(dirs, tmp_path, verify=mode), log=quiet_log()[1], force=True)
+        summary = cc_passes.run_pass(config(dirs, tmp_path, verify=mode), log=quiet_log()[1], force=True)
         assert summary["copied"] == [] and "10 bytes on the target" in summary["entry_failures"][0]["reason"]
         assert (staging / "v.pt").read_bytes() == b"v" * 5000 and os.listdir(target) == []
 
@@ -372,7 +376,7 @@ def test_the_target_directory_is_fsynced_after_the_rename(dirs, tmp_path, monkey
         real(directory)
 
     monkeypatch.setattr(cc, "fsync_dir", observe)
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["f.pt"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == ["f.pt"]
     calls = [json.loads(line) for line in record.read_text().splitlines()]
     assert [str(target), True] in calls
 
@@ -384,23 +388,23 @@ def test_a_reused_name_versions_replaces_or_keeps(dirs, tmp_path):
     (target / "last.ckpt").write_bytes(b"old")
     (staging / "last.ckpt").write_bytes(b"new")
     cfg = config(dirs, tmp_path, on_conflict="replace")
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["last.ckpt"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == ["last.ckpt"]
     assert os.listdir(target) == ["last.ckpt"] and (target / "last.ckpt").read_bytes() == b"new"
     (staging / "last.ckpt").write_bytes(b"newer")
     cfg = config(dirs, tmp_path, on_conflict="keep")
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert summary["copied"] == [] and "on_conflict keep" in summary["entry_failures"][0]["reason"]
     assert (target / "last.ckpt").read_bytes() == b"new" and (staging / "last.ckpt").read_bytes() == b"newer"
-    report = cc.status(cfg)
+    report = cc_state.status(cfg)
     assert [q["name"] for q in report["quarantined"]] == ["last.ckpt"]
     assert report["staged"][0]["why"].startswith("quarantined after 1 failure(s)")
-    assert cc.run_pass(cfg, log=quiet_log()[1])["quarantined"] == ["last.ckpt"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["quarantined"] == ["last.ckpt"]
     (target / "d").mkdir()
     (target / "d" / "x").write_bytes(b"1")
     (staging / "d").mkdir()
     (staging / "d" / "x").write_bytes(b"2")
     cfg = config(dirs, tmp_path, on_conflict="replace")
-    assert "d" in cc.run_pass(cfg, log=quiet_log()[1])["copied"]
+    assert "d" in cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"]
     assert everything(target / "d") == {"x": b"2"} and sorted(os.listdir(target)) == ["d", "last.ckpt"]
 
 
@@ -410,7 +414,7 @@ def test_a_long_name_is_copied(dirs, tmp_path):
     name = "c" * 247 + ".ckpt"  # 252 bytes: with the old partial prefix it passed NAME_MAX
     (staging / name).write_bytes(b"long")
     (target / name).write_bytes(b"other")  # and versioned: the aside name is bounded too
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == [name]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == [name]
     assert (target / name).read_bytes() == b"long" and no_partials(target)
     aside = [n for n in os.listdir(target) if n != name]
     assert len(aside) == 1 and len(aside[0]) <= 255 and (target / aside[0]).read_bytes() == b"other"
@@ -428,10 +432,10 @@ def test_a_name_the_target_cannot_hold_is_said_before_the_copy(dirs, tmp_path, m
 
     monkeypatch.setattr(cc, "_statvfs", lambda fd: Small(real(fd)))
     lines, log = quiet_log()
-    summary = cc.run_pass(cfg, log=log)
+    summary = cc_passes.run_pass(cfg, log=log)
     assert "a name of 120 bytes is longer than the target allows (100): not copied" in summary["entry_failures"][0]["reason"]
     assert os.listdir(target) == [] and any("longer than the target allows" in line for line in lines)
-    assert "longer than the target allows" in cc.status(cfg)["failing"][0]["reason"]
+    assert "longer than the target allows" in cc_state.status(cfg)["failing"][0]["reason"]
 
 
 # --------------------------------------------------------------- capacity --
@@ -456,16 +460,16 @@ def test_an_entry_larger_than_the_free_space_is_said_before_and_others_go_on(tmp
     old(staging / "big.pt")
     (staging / "small.pt").write_bytes(b"s" * 1000)
     lines, log = quiet_log()
-    summary = cc.run_pass(cfg, log=log)
+    summary = cc_passes.run_pass(cfg, log=log)
     assert summary["copied"] == ["small.pt"]
     assert "big.pt needs 3145728 bytes, the target" in summary["entry_failures"][0]["reason"]
     assert "not started" in summary["entry_failures"][0]["reason"] and any("needs 3145728 bytes" in line for line in lines)
     assert os.listdir(small_target) == ["small.pt"]
-    report = cc.status(cfg)
+    report = cc_state.status(cfg)
     assert report["failing"][0]["name"] == "big.pt" and "needs 3145728 bytes" in report["failing"][0]["reason"]
     for attempt in range(6):  # a full target is not the entry's fault: never quarantined
-        assert cc.run_pass(cfg, log=log, force=True)["entry_failures"], attempt
-    assert cc.status(cfg)["quarantined"] == [] and cc.status(cfg)["failing"][0]["failures"] == 7
+        assert cc_passes.run_pass(cfg, log=log, force=True)["entry_failures"], attempt
+    assert cc_state.status(cfg)["quarantined"] == [] and cc_state.status(cfg)["failing"][0]["failures"] == 7
 
 
 def test_enospc_during_the_copy_cleans_the_partial(tmp_path, small_target, monkeypatch):
@@ -480,7 +484,7 @@ def test_enospc_during_the_copy_cleans_the_partial(tmp_path, small_target, monke
             self.f_bavail, self.f_frsize, self.f_namemax = 1 << 40, 1, st.f_namemax
 
     monkeypatch.setattr(cc, "_statvfs", lambda fd: Roomy(real(fd)))  # the free-space check passes: a real ENOSPC
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert summary["copied"] == [] and "No space left on device" in summary["entry_failures"][0]["reason"]
     assert os.listdir(small_target) == [] and os.statvfs(small_target).f_bfree == os.statvfs(small_target).f_blocks
     assert os.path.getsize(staging / "big.pt") == 3 * 1024 * 1024
@@ -493,7 +497,7 @@ def test_partials_left_by_crashed_copies_are_cleaned(dirs, tmp_path):
     (target / (cc.PARTIAL_PREFIX + "abc") / "d").mkdir(parents=True)
     os.symlink("/nonexistent", target / (cc.PARTIAL_PREFIX + "link"))
     (staging / "n.pt").write_bytes(b"n")
-    summary = cc.run_pass(cfg, log=quiet_log()[1])
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
     assert summary["copied"] == ["n.pt"] and len(summary["cleaned"]) == 3
     assert os.listdir(target) == ["n.pt"]
 
@@ -511,7 +515,7 @@ def test_modes_come_from_the_open_file_and_nested_directories_keep_theirs(dirs, 
     os.chmod(ck, 0o711)
     (staging / "single.pt").write_bytes(b"s")
     os.chmod(staging / "single.pt", 0o640)
-    assert sorted(cc.run_pass(cfg, log=quiet_log()[1])["copied"]) == ["single.pt", "step7"]
+    assert sorted(cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"]) == ["single.pt", "step7"]
     assert stat.S_IMODE(os.stat(target / "step7" / "inner" / "w.pt").st_mode) == 0o755
     assert stat.S_IMODE(os.stat(target / "step7" / "inner").st_mode) == 0o750
     assert stat.S_IMODE(os.stat(target / "step7").st_mode) == 0o711
@@ -524,16 +528,16 @@ def test_the_pause_file_never_follows_a_link(dirs, tmp_path):
     pause = tmp_path / "pause"
     os.symlink(nologin, pause)
     lines, log = quiet_log()
-    summary = cc.run_pass(config(dirs, tmp_path, watermark_percent=0, pause_file=str(pause)), log=log)
+    summary = cc_passes.run_pass(config(dirs, tmp_path, watermark_percent=0, pause_file=str(pause)), log=log)
     assert summary["above_watermark"] and not nologin.exists() and os.path.islink(pause)
     nologin.write_text("keep me")
-    cc.run_pass(config(dirs, tmp_path, watermark_percent=100, pause_file=str(pause)), log=log)
+    cc_passes.run_pass(config(dirs, tmp_path, watermark_percent=100, pause_file=str(pause)), log=log)
     assert os.path.islink(pause) and nologin.read_text() == "keep me"  # a link is never removed nor followed
     assert any("is a link, not a regular file: left alone" in line for line in lines)
     os.unlink(pause)
-    cc.run_pass(config(dirs, tmp_path, watermark_percent=0, pause_file=str(pause)), log=log)
+    cc_passes.run_pass(config(dirs, tmp_path, watermark_percent=0, pause_file=str(pause)), log=log)
     assert stat.S_ISREG(os.lstat(pause).st_mode)
-    cc.run_pass(config(dirs, tmp_path, watermark_percent=100, pause_file=str(pause)), log=log)
+    cc_passes.run_pass(config(dirs, tmp_path, watermark_percent=100, pause_file=str(pause)), log=log)
     assert not os.path.lexists(pause)
 
 
@@ -546,17 +550,17 @@ def test_a_hung_target_is_abandoned_within_the_grace_and_holds_no_lock(dirs, tmp
     cfg = config(dirs, tmp_path, op_timeout=1, kill_grace=1)
     (staging / "h.pt").write_bytes(b"h" * 100)
     monkeypatch.setitem(cc._HOOKS, "after_chunk", lambda where, offset: time.sleep(60))  # pylint: disable=protected-access
-    monkeypatch.setattr(cc, "_kill", lambda pid, sig: None)
-    monkeypatch.setattr(cc, "_ABANDONED", [])
+    monkeypatch.setattr(cc_passes, "_kill", lambda pid, sig: None)
+    monkeypatch.setattr(cc_passes, "_ABANDONED", [])
     start = time.monotonic()
     try:
-        summary = cc.run_pass(cfg, log=quiet_log()[1])
+        summary = cc_passes.run_pass(cfg, log=quiet_log()[1])
         took = time.monotonic() - start
         assert took < 5, took
         assert "target %s hung" % target in summary["failed"]["reason"] and "did not end 1 s after SIGKILL" in \
             summary["failed"]["reason"]
-        assert len(cc._ABANDONED) == 1  # pylint: disable=protected-access
-        child = cc._ABANDONED[0]  # pylint: disable=protected-access
+        assert len(cc_passes._ABANDONED) == 1  # pylint: disable=protected-access
+        child = cc_passes._ABANDONED[0]  # pylint: disable=protected-access
         os.kill(child, 0)  # still alive
         fd = os.open(cfg["state_file"] + ".lock", os.O_RDWR)
         try:  # neither a flock nor a POSIX lock held by the abandoned child
@@ -568,9 +572,9 @@ def test_a_hung_target_is_abandoned_within_the_grace_and_holds_no_lock(dirs, tmp
                                capture_output=True, check=False)
         assert probe.returncode == 0, probe.stderr
         monkeypatch.delitem(cc._HOOKS, "after_chunk")  # pylint: disable=protected-access
-        assert cc.run_pass(cfg, log=quiet_log()[1], force=True)["copied"] == ["h.pt"]
+        assert cc_passes.run_pass(cfg, log=quiet_log()[1], force=True)["copied"] == ["h.pt"]
     finally:
-        for pid in list(cc._ABANDONED):  # pylint: disable=protected-access
+        for pid in list(cc_passes._ABANDONED):  # pylint: disable=protected-access
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
 
@@ -582,14 +586,14 @@ def test_a_clock_that_was_30_days_ahead_does_not_silence_the_copier(dirs, tmp_pa
     ahead = now + 30 * 86400
     (staging / "c.pt").write_bytes(b"c")
     os.rmdir(target)
-    assert "unavailable" in cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: ahead)["failed"]["reason"]
-    assert cc.load_state(cfg["state_file"])["backoff"]["until"] > now + 29 * 86400
+    assert "unavailable" in cc_passes.run_pass(cfg, log=quiet_log()[1], clock=lambda: ahead)["failed"]["reason"]
+    assert cc_state.load_state(cfg["state_file"])["backoff"]["until"] > now + 29 * 86400
     target.mkdir()
-    summary = cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now)  # the clock is back
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1], clock=lambda: now)  # the clock is back
     assert summary["skipped"].startswith("backing off")
-    assert cc.load_state(cfg["state_file"])["backoff"]["until"] <= now + 40
-    assert cc.status(cfg, now=now)["backoff_until"] <= now + 40
-    assert cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now + 41)["copied"] == ["c.pt"]
+    assert cc_state.load_state(cfg["state_file"])["backoff"]["until"] <= now + 40
+    assert cc_state.status(cfg, now=now)["backoff_until"] <= now + 40
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1], clock=lambda: now + 41)["copied"] == ["c.pt"]
 
 
 def test_an_entry_backoff_from_the_future_is_clamped_too(dirs, tmp_path):
@@ -597,11 +601,11 @@ def test_an_entry_backoff_from_the_future_is_clamped_too(dirs, tmp_path):
     cfg = config(dirs, tmp_path)
     now = time.time()
     os.mkfifo(staging / "p.pt")
-    cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now + 30 * 86400)
-    assert cc.load_state(cfg["state_file"])["entries"]["p.pt"]["until"] > now + 29 * 86400
-    assert cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now)["waiting"] == ["p.pt"]
-    assert cc.load_state(cfg["state_file"])["entries"]["p.pt"]["until"] <= now + 40
-    assert cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now + 41)["entry_failures"][0]["entry"] == "p.pt"
+    cc_passes.run_pass(cfg, log=quiet_log()[1], clock=lambda: now + 30 * 86400)
+    assert cc_state.load_state(cfg["state_file"])["entries"]["p.pt"]["until"] > now + 29 * 86400
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1], clock=lambda: now)["waiting"] == ["p.pt"]
+    assert cc_state.load_state(cfg["state_file"])["entries"]["p.pt"]["until"] <= now + 40
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1], clock=lambda: now + 41)["entry_failures"][0]["entry"] == "p.pt"
 
 
 def test_quarantine_after_repeated_failures_shows_in_status_and_preflight(dirs, tmp_path):
@@ -610,12 +614,12 @@ def test_quarantine_after_repeated_failures_shows_in_status_and_preflight(dirs, 
     now = time.time()
     os.mkfifo(staging / "p.pt")
     (staging / "ok.pt").write_bytes(b"ok")
-    assert cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now)["copied"] == ["ok.pt"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1], clock=lambda: now)["copied"] == ["ok.pt"]
     lines, log = quiet_log()
-    summary = cc.run_pass(cfg, log=log, clock=lambda: now + 100)
+    summary = cc_passes.run_pass(cfg, log=log, clock=lambda: now + 100)
     assert summary["entry_failures"][0]["entry"] == "p.pt" and any("quarantined after 2" in line for line in lines)
-    assert cc.run_pass(cfg, log=log, clock=lambda: now + 10000)["quarantined"] == ["p.pt"]
-    report = cc.status(cfg, now=now + 10000)
+    assert cc_passes.run_pass(cfg, log=log, clock=lambda: now + 10000)["quarantined"] == ["p.pt"]
+    report = cc_state.status(cfg, now=now + 10000)
     assert report["quarantined"][0]["name"] == "p.pt" and "is a FIFO" in report["quarantined"][0]["reason"]
     found = P._checkpoint_durable({"config": {}}, report)  # pylint: disable=protected-access
     assert found["check"] == "checkpoint:durable" and found["status"] == "fail"
@@ -636,11 +640,11 @@ def test_load_state_survives_garbage(dirs, tmp_path, content):
     os.makedirs(os.path.dirname(cfg["state_file"]))
     with open(cfg["state_file"], "wb") as handle:
         handle.write(content)
-    state = cc.load_state(cfg["state_file"])
+    state = cc_state.load_state(cfg["state_file"])
     assert isinstance(state["backoff"]["until"], (int, float)) and isinstance(state["history"], list)
     (staging / "g.pt").write_bytes(b"g")
-    assert cc.status(cfg)["staged"][0]["name"] == "g.pt"
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["g.pt"]
+    assert cc_state.status(cfg)["staged"][0]["name"] == "g.pt"
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == ["g.pt"]
 
 
 def test_a_binary_mountinfo_is_read_without_a_traceback(dirs, tmp_path):
@@ -652,8 +656,8 @@ def test_a_binary_mountinfo_is_read_without_a_traceback(dirs, tmp_path):
                       b"\x00\x01garbage\n")
     cfg = config(dirs, tmp_path, mountinfo_path=str(table))
     (staging / "m.pt").write_bytes(b"m")
-    assert cc.run_pass(cfg, log=quiet_log()[1])["copied"] == ["m.pt"]
-    assert any(point == "/mnt/\udcff\udcfe" for point, _fs, _src in cc.parse_mountinfo(cc.read_mountinfo(str(table))))
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1])["copied"] == ["m.pt"]
+    assert any(point == "/mnt/\udcff\udcfe" for point, _fs, _src in cc_config.parse_mountinfo(cc_config.read_mountinfo(str(table))))
 
 
 @pytest.mark.parametrize("over,option,expected", [
@@ -663,11 +667,11 @@ def test_a_binary_mountinfo_is_read_without_a_traceback(dirs, tmp_path):
     ({"kill_grace": 0}, "kill_grace", "above 0"),
 ])
 def test_new_settings_are_checked(dirs, tmp_path, over, option, expected):
-    with pytest.raises(cc.CopierError) as err:
+    with pytest.raises(cc_config.CopierError) as err:
         config(dirs, tmp_path, **over)
     assert err.value.details["option"] == option and expected in err.value.expected
-    assert set(cc.DEFAULTS) >= {"on_conflict", "quarantine_after", "kill_grace"}
-    assert cc.DEFAULTS["on_conflict"] == "version"
+    assert set(cc_config.DEFAULTS) >= {"on_conflict", "quarantine_after", "kill_grace"}
+    assert cc_config.DEFAULTS["on_conflict"] == "version"
 
 
 def test_hashlib_partial_name_is_bounded():
@@ -692,11 +696,11 @@ def test_a_refused_link_is_an_entry_failure_never_the_targets(dirs, tmp_path, se
     cfg = config(dirs, tmp_path)
     now = time.time()
     (staging / "ok.pt").write_bytes(b"ok")
-    assert cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now)["copied"] == ["ok.pt"]
+    assert cc_passes.run_pass(cfg, log=quiet_log()[1], clock=lambda: now)["copied"] == ["ok.pt"]
     os.symlink(str(secret), str(staging / "x.pt"))
-    summary = cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now + 100)
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1], clock=lambda: now + 100)
     assert summary["entry_failures"][0]["entry"] == "x.pt" and summary["failed"] is None
-    report = cc.status(cfg, now=now + 100)
+    report = cc_state.status(cfg, now=now + 100)
     assert report["last_error"]["entry"] == "x.pt" and report["last_error"]["at"] == now + 100
     assert report["last_target_error"] is None and report["failing"][0]["name"] == "x.pt"
     found = P._checkpoint_target(report)  # pylint: disable=protected-access
@@ -712,15 +716,15 @@ def test_a_target_failure_is_cleared_by_the_next_successful_probe_even_without_a
     now = time.time()
     os.symlink(str(secret), str(staging / "x.pt"))
     os.rmdir(str(target))
-    assert "unavailable" in cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now)["failed"]["reason"]
-    report = cc.status(cfg, now=now)
+    assert "unavailable" in cc_passes.run_pass(cfg, log=quiet_log()[1], clock=lambda: now)["failed"]["reason"]
+    report = cc_state.status(cfg, now=now)
     assert report["last_target_error"] == report["last_error"] and report["last_target_error"]["entry"] is None
     found = P._checkpoint_target(report)  # pylint: disable=protected-access
     assert found["status"] == "fail" and found["message"].startswith("the copier cannot reach the target: target ")
     target.mkdir()
-    summary = cc.run_pass(cfg, log=quiet_log()[1], clock=lambda: now + 41)   # after the backoff; only x.pt to copy
+    summary = cc_passes.run_pass(cfg, log=quiet_log()[1], clock=lambda: now + 41)   # after the backoff; only x.pt to copy
     assert summary["copied"] == [] and summary["entry_failures"][0]["entry"] == "x.pt"
-    report = cc.status(cfg, now=now + 41)
+    report = cc_state.status(cfg, now=now + 41)
     assert report["last_target_error"] is None and report["last_error"]["entry"] == "x.pt"
     assert P._checkpoint_target(report)["status"] == "pass"  # pylint: disable=protected-access
 
@@ -738,8 +742,8 @@ def test_a_state_file_without_last_target_error_still_loads(dirs, tmp_path, back
     os.makedirs(os.path.dirname(cfg["state_file"]))
     with open(cfg["state_file"], "w") as handle:
         json.dump(old, handle)
-    state = cc.load_state(cfg["state_file"])
+    state = cc_state.load_state(cfg["state_file"])
     assert state["last_error"]["reason"] == "gone"
     assert state["last_target_error"] == (state["last_error"] if target_failing else None)
-    found = P._checkpoint_target(cc.status(cfg, now=now))  # pylint: disable=protected-access
+    found = P._checkpoint_target(cc_state.status(cfg, now=now))  # pylint: disable=protected-access
     assert found["status"] == ("fail" if target_failing else "pass")

@@ -23,15 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._report.cluster import (
-    HOST_CHECK,
-    ClusterReportError,
-    build_report,
-    render_html,
-    render_junit,
-    render_lines,
-    render_markdown,
-)
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.cluster import HOST_CHECK, ClusterReportError, build_report
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.render import render_html, render_junit, render_lines, render_markdown
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._report.findings import finding
 

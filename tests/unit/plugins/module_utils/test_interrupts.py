@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.interrupts import InterruptsError, parse_interrupts, per_cpu_counts
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import classify_irqs
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic_irqs import classify_irqs
 
 CAPTURES = Path(__file__).resolve().parents[2] / "fixtures" / "captures" / "interrupts"
 

@@ -16,12 +16,11 @@ import pytest
 import treegen
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import pin_cli as _irq_pin_cli
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import (
-    AffinityError,
     apply_plan,
-    plan_affinity,
     run_desired_state,
 )
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic_irqs import read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_plan import AffinityError, plan_affinity
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.topology import read_topology
 
 
@@ -433,7 +432,7 @@ def test_missing_debugfs_is_unknown_and_does_not_stop_the_writes(seed):
     ("ioapic_unmanaged_8.txt", False),
 ])
 def test_read_managed_on_captured_debugfs_files(tmp_path, name, managed):
-    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import read_managed
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic_irqs import read_managed
     irqs = tmp_path / "sys" / "kernel" / "debug" / "irq" / "irqs"
     irqs.mkdir(parents=True)
     with open(os.path.join(CAPTURES, name)) as handle:

@@ -20,8 +20,8 @@ import os
 
 import treegen
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import parse_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import plan_affinity
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic_irqs import read_nic
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_plan import plan_affinity
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.topology import read_topology
 
 

@@ -18,6 +18,8 @@ import pytest
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot import kernel_cmdline as K
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub as G
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub_cfg as GC
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub_eval as GE
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grubby as B
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.args import (
     KernelCmdlineError,
@@ -177,8 +179,8 @@ def test_real_grub_files_evaluate_as_grub_mkconfig_sources_them(tmp_path, source
     root = tree(tmp_path, *sources)
     paths = G.config_files(root)
     for path in paths:
-        G.check_syntax(sh_run, root, path)
-    assert G.evaluate(sh_run, root, [(p, None) for p in paths]) == (linux, default)
+        GE.check_syntax(sh_run, root, path)
+    assert GE.evaluate(sh_run, root, [(p, None) for p in paths]) == (linux, default)
 
 
 def test_config_files_in_glob_order_c_locale(tmp_path):
@@ -195,14 +197,14 @@ def test_config_files_in_glob_order_c_locale(tmp_path):
 def test_a_file_that_does_not_parse_fails_naming_it(tmp_path):
     root = tree(tmp_path, "debian12", files={"etc/default/grub.d/50-broken.cfg": 'GRUB_CMDLINE_LINUX="x\n'})
     with pytest.raises(KernelCmdlineError) as exc:
-        G.check_syntax(sh_run, root, "/etc/default/grub.d/50-broken.cfg")
+        GE.check_syntax(sh_run, root, "/etc/default/grub.d/50-broken.cfg")
     assert "50-broken.cfg does not parse" in str(exc.value)
 
 
 def test_evaluation_keeps_positional_parameters_and_output_of_the_files_out(tmp_path):
     text = 'echo noise\nset -- a b c\nGRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX two"\n'
     root = tree(tmp_path, "debian12", files={"etc/default/grub.d/10-a.cfg": text, "etc/default/grub.d/20-b.cfg": text})
-    assert G.evaluate(sh_run, root, [(p, None) for p in G.config_files(root)]) == (" two two", "quiet")
+    assert GE.evaluate(sh_run, root, [(p, None) for p in G.config_files(root)]) == (" two two", "quiet")
 
 
 # ------------------------------------------------------------------ grub_debian plan --
@@ -298,7 +300,7 @@ def test_plan_rejects_a_marker_record_that_is_not_its_own(tmp_path):
 # ------------------------------------------------------------------- grub.cfg --
 
 def cfg(name):
-    return G.parse_grub_cfg((FIX / "grub-cfg" / ("%s.cfg" % name)).read_text())
+    return GC.parse_grub_cfg((FIX / "grub-cfg" / ("%s.cfg" % name)).read_text())
 
 
 def adv(version, kind="advanced"):
@@ -309,7 +311,7 @@ def adv(version, kind="advanced"):
     ("debian12-default", {}, "Debian GNU/Linux", "/vmlinuz-6.1.0-18-amd64"),
     ("debian12-number-path", {}, "Debian GNU/Linux, with Linux 6.1.0-17-amd64", "/vmlinuz-6.1.0-17-amd64"),
     ("debian12-title-path", {}, "Debian GNU/Linux, with Linux 6.1.0-17-amd64", "/vmlinuz-6.1.0-17-amd64"),
-    ("debian12-saved", G.parse_grubenv((FIX / "grub-cfg/debian12-saved.grubenv").read_text()),
+    ("debian12-saved", GC.parse_grubenv((FIX / "grub-cfg/debian12-saved.grubenv").read_text()),
      "Debian GNU/Linux, with Linux 6.1.0-17-amd64", "/vmlinuz-6.1.0-17-amd64"),
     # grub-reboot: next_entry wins over GRUB_DEFAULT, here an id path into the submenu
     ("debian12-default", {"next_entry": "gnulinux-advanced-%s>%s" % (UUID, adv("6.1.0-17-amd64", "recovery"))},
@@ -319,7 +321,7 @@ def adv(version, kind="advanced"):
     ("debian12-default", {"next_entry": "1"}, "Debian GNU/Linux, with Linux 6.1.0-18-amd64", "/vmlinuz-6.1.0-18-amd64"),
 ])
 def test_default_entry_as_grub_picks_it(name, env, title, kernel):
-    entry, _spec = G.default_entry(cfg(name), env)
+    entry, _spec = GC.default_entry(cfg(name), env)
     assert (entry["title"], entry["kernel"]) == (title, kernel)
 
 
@@ -327,7 +329,7 @@ def test_default_entry_as_grub_picks_it(name, env, title, kernel):
 def test_default_entry_that_names_nothing_falls_back_to_the_first_with_a_warning(saved):
     # GRUB looks a title or id up in the menu it is in: an entry of the submenu needs the "submenu>entry" path
     warnings = []
-    entry, spec = G.default_entry(cfg("debian12-saved"), {"saved_entry": saved}, warnings)
+    entry, spec = GC.default_entry(cfg("debian12-saved"), {"saved_entry": saved}, warnings)
     assert entry["title"] == "Debian GNU/Linux" and spec == saved and "not in grub.cfg" in warnings[0]
 
 
@@ -352,7 +354,7 @@ def test_grub_cfg_structure_and_linux_lines():
     ('linux /v a="b c" d\\ e', ["linux", "/v", "a=b c", "d e"]),
 ])
 def test_grub_words(line, words):
-    assert G.grub_words(line) == words
+    assert GC.grub_words(line) == words
 
 
 def test_next_boot_reads_the_default_entry_of_the_tree(tmp_path):
@@ -360,9 +362,9 @@ def test_next_boot_reads_the_default_entry_of_the_tree(tmp_path):
     (root / "boot/grub").mkdir(parents=True)
     shutil.copy(str(FIX / "grub-cfg/debian12-saved.cfg"), str(root / "boot/grub/grub.cfg"))
     shutil.copy(str(FIX / "grub-cfg/debian12-saved.grubenv"), str(root / "boot/grub/grubenv"))
-    assert G.next_boot(str(root), []) == (["root=/dev/vda1", "ro", "quiet"], "Debian GNU/Linux, with Linux 6.1.0-17-amd64")
+    assert GC.next_boot(str(root), []) == (["root=/dev/vda1", "ro", "quiet"], "Debian GNU/Linux, with Linux 6.1.0-17-amd64")
     warnings = []
-    assert G.next_boot(str(tmp_path), warnings) == (None, None) and "missing" in warnings[0]
+    assert GC.next_boot(str(tmp_path), warnings) == (None, None) and "missing" in warnings[0]
 
 
 # ------------------------------------------------------------------------- grubby --
@@ -502,11 +504,11 @@ def test_tree_evaluation_without_a_shell_gives_what_sh_gives(tmp_path, sources, 
     root = tree(tmp_path, *sources, files=files)
     items = [(p, None) for p in G.config_files(root)]
     for path, _text in items:
-        G.check_syntax(None, root, path)
-    assert G.evaluate(None, root, items) == G.evaluate(sh_run, root, items)
+        GE.check_syntax(None, root, path)
+    assert GE.evaluate(None, root, items) == GE.evaluate(sh_run, root, items)
     if files:
-        assert G.evaluate(None, root, items)[0] == ("one-two  words x   y fallback alt.. one e empty a b$c q\"uote\\ $A "
-                                                    "$A `x` $ #notcomment")
+        assert GE.evaluate(None, root, items)[0] == ("one-two  words x   y fallback alt.. one e empty a b$c q\"uote\\ $A "
+                                                     "$A `x` $ #notcomment")
 
 
 @pytest.mark.parametrize("text,line,fragment", [
@@ -527,7 +529,7 @@ def test_tree_evaluation_never_runs_the_trees_code_and_names_file_and_line(tmp_p
     marker = str(tmp_path / "MARKER")
     root = tree(tmp_path, "debian12", files={"etc/default/grub.d/50-x.cfg": text.replace("@M@", marker)})
     with pytest.raises(KernelCmdlineError) as exc:
-        G.evaluate(None, root, [(p, None) for p in G.config_files(root)])
+        GE.evaluate(None, root, [(p, None) for p in G.config_files(root)])
     assert "/etc/default/grub.d/50-x.cfg line %d" % line in str(exc.value) and fragment in str(exc.value)
     assert exc.value.details["line"] == line and exc.value.details["path"] == "/etc/default/grub.d/50-x.cfg"
     assert not os.path.exists(marker)
@@ -545,7 +547,7 @@ def test_tree_evaluation_never_runs_the_trees_code_and_names_file_and_line(tmp_p
 def test_tree_syntax_errors_name_the_file_without_running_sh(tmp_path, text, fragment):
     root = tree(tmp_path, "debian12", files={"etc/default/grub.d/50-broken.cfg": text})
     with pytest.raises(KernelCmdlineError) as exc:
-        G.check_syntax(None, root, "/etc/default/grub.d/50-broken.cfg")
+        GE.check_syntax(None, root, "/etc/default/grub.d/50-broken.cfg")
     assert "50-broken.cfg does not parse" in str(exc.value) and fragment in str(exc.value)
 
 

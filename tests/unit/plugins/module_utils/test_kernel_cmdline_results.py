@@ -33,7 +33,8 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot import kernel_cmdline as K
-from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub as G
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub_cfg as GC
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub_eval as GE
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.args import param_key, split_cmdline
 
@@ -114,7 +115,7 @@ def live_grub(fail_update=False):
 
     def run(argv):
         calls.append(list(argv))
-        if argv[0] == G.SH:
+        if argv[0] == GE.SH:
             return sh_run(argv)
         if argv[0] == "update-grub":
             return (1, "", "/usr/sbin/grub-probe: error: failed to get canonical path of `overlay'.\n") if fail_update \
@@ -193,7 +194,7 @@ def step(tmp_path, root, mode, args, check=False, run=None):
         marker = tmp_path / "state" / K.MARKER
         out["marker"] = marker.read_text() if marker.exists() else None
     elif run is not None:
-        out["commands_run"] = [c[0] for c in run.calls if c[0] != G.SH]
+        out["commands_run"] = [c[0] for c in run.calls if c[0] != GE.SH]
     out["files"] = texts(root)
     return out
 
@@ -391,21 +392,21 @@ def run_refusal(tmp_path, name):
 def grub_cfg_results():
     """The grub.cfg parser and the default entry on every real grub.cfg (and the saved-entry grubenv)."""
     out = {}
-    env = G.parse_grubenv((FIX / "grub-cfg" / "debian12-saved.grubenv").read_text())
+    env = GC.parse_grubenv((FIX / "grub-cfg" / "debian12-saved.grubenv").read_text())
     out["grubenv"] = env
     for path in sorted((FIX / "grub-cfg").glob("*.cfg")):
-        cfg = G.parse_grub_cfg(path.read_text())
+        cfg = GC.parse_grub_cfg(path.read_text())
         warnings = []
-        entry = G.default_entry(cfg, env if "saved" in path.name else {}, warnings)
+        entry = GC.default_entry(cfg, env if "saved" in path.name else {}, warnings)
         out[path.name] = {"parsed": cfg, "default": entry, "warnings": warnings}
     for name, text in (("missing_default", "set default=\"7\"\nmenuentry 'a' {\n linux /vmlinuz root=/dev/vda1 ro\n}\n"),
                        ("title_not_found", "set default=\"no such title\"\nmenuentry 'a' {\n linux /vmlinuz ro\n}\n"),
                        ("env_saved_missing", "set default=\"${saved_entry}\"\nmenuentry 'a' {\n linux /vmlinuz ro\n}\n"),
                        ("submenu_path", "set default=\"1>0\"\nmenuentry 'a' {\n linux /vmlinuz ro\n}\nsubmenu 'more' {\n"
                                         " menuentry 'b' --id b-id {\n  linux /vmlinuz-b root=/dev/sda1 ro quiet\n }\n}\n")):
-        cfg = G.parse_grub_cfg(text)
+        cfg = GC.parse_grub_cfg(text)
         warnings = []
-        entry = G.default_entry(cfg, {}, warnings)
+        entry = GC.default_entry(cfg, {}, warnings)
         out[name] = {"parsed": cfg, "default": entry, "warnings": warnings}
     return json.loads(json.dumps(out, default=sorted))
 
@@ -420,7 +421,7 @@ def grub_words_results():
     out = {}
     for line in lines:
         try:
-            out[line] = G.grub_words(line)
+            out[line] = GC.grub_words(line)
         except DetailedError as exc:
             out[line] = {"error": str(exc), "details": exc.details}
     return json.loads(json.dumps(out, default=sorted))

@@ -11,15 +11,8 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
-from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nccl_tests import (
-    NcclTestsError,
-    busbw_by_size,
-    collective_name,
-    compare_busbw,
-    parse_nccl_tests,
-    parse_size,
-    sweep_compare,
-)
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nccl_busbw import busbw_by_size, compare_busbw, parse_size, sweep_compare
+from ansible_collections.gpunode.tuning.plugins.module_utils._parse.nccl_tests import NcclTestsError, collective_name, parse_nccl_tests
 
 CAPTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nccl_tests"
 GIB = 1024 ** 3

@@ -12,8 +12,8 @@ import pytest
 
 import treegen
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.interrupts import parse_interrupts
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import (
-    NicError,
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import NicError
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic_irqs import (
     classify_irq,
     classify_irqs,
     parse_ethtool_channels,

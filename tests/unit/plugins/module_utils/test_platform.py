@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu import iommu as _iommu
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu import platform as _platform
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu import platform_facts as _platform_facts
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.platform import PlatformError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "platform"
@@ -87,7 +89,7 @@ def fallback_log():
 def test_x86_vm_cmdqv_is_not_applicable_never_pass(tmp_path):
     procfs, sysfs = make_tree(tmp_path, dmi={"sys_vendor": "QEMU", "product_name": "Standard PC (Q35 + ICH9, 2009)"},
                               iommu_groups=0, vulnerabilities=(FIXTURES / "vulnerabilities_x86_smt_disabled_runperf.txt").read_text())
-    facts = _platform.platform_facts(procfs, sysfs, page_size="4096\n", kernel_log=real_log(), kernel_config=GRACE_CONFIG)
+    facts = _platform_facts.platform_facts(procfs, sysfs, page_size="4096\n", kernel_log=real_log(), kernel_config=GRACE_CONFIG)
     found = by_check(facts["findings"])
     assert facts["architecture"] == "x86_64" and facts["architecture_source"] == "cpuinfo"
     assert facts["virtualisation"]["virtualized"] is True and facts["virtualisation"]["type"] == "qemu"
@@ -106,7 +108,7 @@ def test_x86_vm_cmdqv_is_not_applicable_never_pass(tmp_path):
 def test_grace_with_cmdqv_lines_passes(tmp_path):
     procfs, sysfs = make_tree(tmp_path, cpuinfo=GRACE_CPUINFO, iommu_groups=22, smt=("notsupported", 0),
                               cmdline="BOOT_IMAGE=/vmlinuz-6.8.0-1013-nvidia-64k ro iommu.passthrough=1")
-    facts = _platform.platform_facts(procfs, sysfs, page_size=65536, kernel_log=real_log(), kernel_config=GRACE_CONFIG)
+    facts = _platform_facts.platform_facts(procfs, sysfs, page_size=65536, kernel_log=real_log(), kernel_config=GRACE_CONFIG)
     found = by_check(facts["findings"])
     assert facts["architecture"] == "aarch64"
     assert found["virtualisation"]["status"] == "pass" and facts["virtualisation"]["virtualized"] is False
@@ -123,7 +125,7 @@ def test_grace_with_cmdqv_lines_passes(tmp_path):
 
 def test_grace_machine_argument_wins_over_cpuinfo(tmp_path):
     procfs, sysfs = make_tree(tmp_path, cpuinfo="processor\t: 0\n")
-    facts = _platform.platform_facts(procfs, sysfs, machine="arm64\n", page_size="4096")
+    facts = _platform_facts.platform_facts(procfs, sysfs, machine="arm64\n", page_size="4096")
     found = by_check(facts["findings"])
     assert facts["architecture"] == "aarch64" and facts["architecture_source"] == "uname"
     assert found["page_size"]["status"] == "warn" and "64k" in found["page_size"]["fix"]
@@ -132,7 +134,7 @@ def test_grace_machine_argument_wins_over_cpuinfo(tmp_path):
 
 def test_unknown_architecture(tmp_path):
     procfs, sysfs = make_tree(tmp_path, cpuinfo="processor\t: 0\n")
-    facts = _platform.platform_facts(procfs, sysfs)
+    facts = _platform_facts.platform_facts(procfs, sysfs)
     found = by_check(facts["findings"])
     assert facts["architecture"] is None and found["architecture"]["status"] == "unknown"
     assert found["cmdqv"]["status"] == "unknown" and found["page_size"]["status"] == "unknown"
@@ -142,21 +144,21 @@ def test_unknown_architecture(tmp_path):
 def test_bad_machine_raises(tmp_path, machine):
     procfs, sysfs = make_tree(tmp_path)
     with pytest.raises(PlatformError) as info:
-        _platform.platform_facts(procfs, sysfs, machine=machine)
+        _platform_facts.platform_facts(procfs, sysfs, machine=machine)
     assert info.value.details["option"] == "machine"
 
 
 # ------------------------------------------------------------- SMMUv3/CMDQV --
 
 def test_real_log_probe_failure_fails_both():
-    result = _platform.read_smmu("aarch64", real_log(healthy=False), GRACE_CONFIG)
+    result = _iommu.read_smmu("aarch64", real_log(healthy=False), GRACE_CONFIG)
     found = by_check(result["findings"])
     assert found["smmuv3"]["status"] == "fail" and found["cmdqv"]["status"] == "fail"
     assert any("failed with error -22" in line for line in found["smmuv3"]["evidence"])
 
 
 def test_fallback_line_warns():
-    result = _platform.read_smmu("aarch64", fallback_log(), GRACE_CONFIG)
+    result = _iommu.read_smmu("aarch64", fallback_log(), GRACE_CONFIG)
     found = by_check(result["findings"])
     assert found["smmuv3"]["status"] == "pass"
     assert found["cmdqv"]["status"] == "warn" and FALLBACK_LINE.strip() in found["cmdqv"]["evidence"]
@@ -167,40 +169,40 @@ def test_disable_cmdqv_warns():
     log = real_log().replace("found companion CMDQV device: NVDA200C:04",
                              "found companion CMDQV device: NVDA200C:04\n  arm-smmu-v3 arm-smmu-v3.9.auto: tegra241_cmdqv: "
                              "Detected disable_cmdqv=true")
-    found = by_check(_platform.read_smmu("aarch64", log)["findings"])
+    found = by_check(_iommu.read_smmu("aarch64", log)["findings"])
     assert found["cmdqv"]["status"] == "warn" and "disable_cmdqv" in found["cmdqv"]["message"]
 
 
 def test_journal_prefix_and_older_companion_format():
     log = ("Mar 02 10:00:01 grace01 kernel: arm-smmu-v3 arm-smmu-v3.0.auto: found companion CMDQV device, NVDA200C:00\n"
            "[    2.123456] arm-smmu-v3 arm-smmu-v3.0.auto: allocated 524288 entries for vcmdq0\n")
-    result = _platform.read_smmu("aarch64", log)
+    result = _iommu.read_smmu("aarch64", log)
     assert result["log"]["companions"] == [{"smmu": "arm-smmu-v3.0.auto", "cmdqv": "NVDA200C:00"}]
     assert by_check(result["findings"])["cmdqv"]["status"] == "pass"
 
 
 def test_kernel_without_cmdqv_driver_warns():
     log = "\n".join(line for line in real_log().splitlines() if "CMDQV" not in line and "vcmdq" not in line)
-    found = by_check(_platform.read_smmu("aarch64", log, "CONFIG_ARM_SMMU_V3=y\n# CONFIG_TEGRA241_CMDQV is not set\n")["findings"])
+    found = by_check(_iommu.read_smmu("aarch64", log, "CONFIG_ARM_SMMU_V3=y\n# CONFIG_TEGRA241_CMDQV is not set\n")["findings"])
     assert found["cmdqv"]["status"] == "warn" and "CONFIG_TEGRA241_CMDQV=n" in found["cmdqv"]["evidence"]
 
 
 def test_smmu_without_companion_is_not_applicable_with_driver_built_else_unknown():
     log = "\n".join(line for line in real_log().splitlines() if "CMDQV" not in line and "vcmdq" not in line)
-    assert by_check(_platform.read_smmu("aarch64", log, GRACE_CONFIG)["findings"])["cmdqv"]["status"] == "not_applicable"
-    assert by_check(_platform.read_smmu("aarch64", log)["findings"])["cmdqv"]["status"] == "unknown"
+    assert by_check(_iommu.read_smmu("aarch64", log, GRACE_CONFIG)["findings"])["cmdqv"]["status"] == "not_applicable"
+    assert by_check(_iommu.read_smmu("aarch64", log)["findings"])["cmdqv"]["status"] == "unknown"
 
 
 def test_no_smmu_lines_warns():
-    found = by_check(_platform.read_smmu("aarch64", "Booting Linux on physical CPU 0x0000000000 [0x410fd4f0]\n")["findings"])
+    found = by_check(_iommu.read_smmu("aarch64", "Booting Linux on physical CPU 0x0000000000 [0x410fd4f0]\n")["findings"])
     assert found["smmuv3"]["status"] == "warn"
 
 
 def test_kernel_text_must_be_text():
     with pytest.raises(PlatformError):
-        _platform.read_smmu("aarch64", kernel_log=b"arm-smmu-v3")
+        _iommu.read_smmu("aarch64", kernel_log=b"arm-smmu-v3")
     with pytest.raises(PlatformError):
-        _platform.read_smmu("aarch64", kernel_config=["CONFIG_TEGRA241_CMDQV=y"])
+        _iommu.read_smmu("aarch64", kernel_config=["CONFIG_TEGRA241_CMDQV=y"])
 
 
 # ---------------------------------------------------------------- page size --
@@ -286,21 +288,21 @@ def test_no_hugepages_is_unknown(tmp_path):
     ('root=/dev/sda1 "iommu=nopt"', "translated", None),
 ])
 def test_iommu_cmdline(cmdline, mode, strict):
-    result = _platform.parse_iommu_cmdline(cmdline)
+    result = _iommu.parse_iommu_cmdline(cmdline)
     assert result["mode"] == mode and result["strict"] == strict
 
 
 def test_iommu_groups_and_findings(tmp_path):
     procfs, sysfs = make_tree(tmp_path, cmdline="ro intel_iommu=on iommu=pt", iommu_groups=3)
-    result = _platform.read_iommu(procfs, sysfs)
+    result = _iommu.read_iommu(procfs, sysfs)
     assert result["groups"] == 3 and result["params"] == {"intel_iommu": "on", "iommu": "pt"}
     assert result["findings"][0]["status"] == "pass"
-    assert _platform.read_iommu(procfs, sysfs, cmdline="iommu=off")["findings"][0]["status"] == "warn"
+    assert _iommu.read_iommu(procfs, sysfs, cmdline="iommu=off")["findings"][0]["status"] == "warn"
 
 
 def test_iommu_without_groups_dir_is_unknown(tmp_path):
     procfs, sysfs = make_tree(tmp_path)
-    result = _platform.read_iommu(procfs, sysfs)
+    result = _iommu.read_iommu(procfs, sysfs)
     assert result["groups"] is None and result["findings"][0]["status"] == "unknown"
 
 
@@ -444,7 +446,7 @@ def test_the_mitigations_fix_says_what_is_true_for_the_running_command_line(tmp_
     """The real capture of a vulnerable node; the fix names mitigations=off only where the node booted with it."""
     procfs, sysfs = make_tree(tmp_path, cmdline=cmdline,
                               vulnerabilities=(FIXTURES / "vulnerabilities_x86_mitigations_off_tutorial.txt").read_text())
-    found = [f for f in _platform.platform_facts(str(procfs), str(sysfs), page_size=4096)["findings"]
+    found = [f for f in _platform_facts.platform_facts(str(procfs), str(sysfs), page_size=4096)["findings"]
              if f["check"] == "mitigations"][0]
     assert found["status"] == "warn"
     assert all(text in found["fix"] for text in says), found["fix"]

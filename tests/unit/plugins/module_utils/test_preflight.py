@@ -456,20 +456,22 @@ def test_checkpoint_staging_report_is_one_line_per_change_in_the_drift_report(no
 def test_checkpoint_quarantined_entries_fail_durable_whatever_their_age(tmp_path):
     """A checkpoint the copier quarantined (issue 27) is never durable until someone acts: checkpoint:durable fails
     and names it with the copier's reason, even when it was staged a second ago. The copier's real status() is used."""
-    from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import copier as _ckpt_copier  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import config as _ckpt_config  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import entries as _ckpt_entries  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import state as _ckpt_state  # pylint: disable=import-outside-toplevel
     staging, target = tmp_path / "staging", tmp_path / "target"
     staging.mkdir()
     target.mkdir()
-    cfg = _ckpt_copier.check_config({"staging_dir": str(staging), "target_dir": str(target),
+    cfg = _ckpt_config.check_config({"staging_dir": str(staging), "target_dir": str(target),
                                      "state_file": str(tmp_path / "state.json")})
     os.mkfifo(staging / "fresh.pt")
-    state = _ckpt_copier.empty_state()
-    entry = _ckpt_copier.scan(cfg)[0]
+    state = _ckpt_state.empty_state()
+    entry = _ckpt_entries.scan(cfg)[0]
     state["entries"]["fresh.pt"] = {"failures": 5, "until": 0, "reason": "fresh.pt is a FIFO", "quarantined": True,
                                     "since": time.time(), "key": [entry["ino"], entry["mtime"]]}
-    _ckpt_copier.save_state(cfg["state_file"], state)
+    _ckpt_state.save_state(cfg["state_file"], state)
     result = {"config": {"staging_dir": str(staging), "target_dir": str(target)}, "files": [], "systemd": [],
-              "copier_status": _ckpt_copier.status(cfg)}
+              "copier_status": _ckpt_state.status(cfg)}
     found = by_check(P.host_findings({"checkpoint": result}))["checkpoint:durable"]
     assert found["status"] == "fail" and found["evidence"]["quarantined"] == ["fresh.pt: fresh.pt is a FIFO"]
     assert found["message"] == ("1 checkpoint(s) quarantined by the copier, never copied until fixed: "
@@ -482,7 +484,9 @@ def test_checkpoint_target_judges_only_the_targets_own_error(tmp_path):
     """One refused entry (a link out of staging, issue 27) makes last_error newer than every copy, but the target is
     fine: checkpoint:target passes and says where the entry's failure is; a failure of the target itself fails it.
     The copier's real run_pass and status() are used."""
-    from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import copier as _ckpt_copier  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import config as _ckpt_config  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import passes as _ckpt_passes  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import state as _ckpt_state  # pylint: disable=import-outside-toplevel
     staging, target, outside = tmp_path / "staging", tmp_path / "target", tmp_path / "secret"
     staging.mkdir()
     target.mkdir()
@@ -491,15 +495,15 @@ def test_checkpoint_target_judges_only_the_targets_own_error(tmp_path):
     mountinfo.write_text("22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
                          "40 22 0:45 / %s rw,relatime shared:20 - nfs4 server:/export rw,vers=4.2,hard\n" % target)
     mount = {"point": str(target), "fstype": "nfs4", "source": "server:/export"}
-    cfg = _ckpt_copier.check_config({"staging_dir": str(staging), "target_dir": str(target), "retry_min": 5,
+    cfg = _ckpt_config.check_config({"staging_dir": str(staging), "target_dir": str(target), "retry_min": 5,
                                      "state_file": str(tmp_path / "state.json"), "mountinfo_path": str(mountinfo),
                                      "target_mount": mount})
     now = time.time()
     os.symlink(str(outside), str(staging / "link.pt"))
-    summary = _ckpt_copier.run_pass(cfg, log=lambda line: None, clock=lambda: now)
+    summary = _ckpt_passes.run_pass(cfg, log=lambda line: None, clock=lambda: now)
     assert summary["entry_failures"] and summary["failed"] is None, summary
     result = {"config": {"staging_dir": str(staging), "target_dir": str(target)}, "files": [], "systemd": [],
-              "copier_status": _ckpt_copier.status(cfg, now=now)}
+              "copier_status": _ckpt_state.status(cfg, now=now)}
     found = by_check(P.host_findings({"checkpoint": result}))
     assert found["checkpoint:target"]["status"] == "pass", found["checkpoint:target"]
     assert "link.pt" in found["checkpoint:target"]["message"]
@@ -507,9 +511,9 @@ def test_checkpoint_target_judges_only_the_targets_own_error(tmp_path):
     # The target's own failure still fails it, and an older copier's status (no last_target_error) is judged as before.
     mountinfo.write_text("22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n")
     (staging / "ok.pt").write_bytes(b"ok")
-    summary = _ckpt_copier.run_pass(cfg, log=lambda line: None, clock=lambda: now + 100, force=True)
+    summary = _ckpt_passes.run_pass(cfg, log=lambda line: None, clock=lambda: now + 100, force=True)
     assert summary["failed"]["entry"] is None, summary
-    result["copier_status"] = _ckpt_copier.status(cfg, now=now + 100)
+    result["copier_status"] = _ckpt_state.status(cfg, now=now + 100)
     target_found = by_check(P.host_findings({"checkpoint": result}))["checkpoint:target"]
     assert target_found["status"] == "fail" and "not on a mounted shared filesystem" in target_found["message"]
     legacy = dict(result["copier_status"], backoff_until=None)
@@ -607,13 +611,14 @@ def test_per_gpu_findings_reach_every_rendering_of_the_cluster_report(tmp_path, 
     indexes, so a real GPU node's preflight failed building its report. The real A100 capture, the real module, the
     default policy, then every rendering."""
     from ansible_collections.gpunode.tuning.plugins.module_utils._report import cluster as C
+    from ansible_collections.gpunode.tuning.plugins.module_utils._report import render as R
     res = _gpu_result(tmp_path, 2, monkeypatch)
     hosts = P.collect({"gpu-a": {"results": {"gpu": res}, "error": None}}, POLICY)
     per_gpu = [f for f in hosts["gpu-a"]["findings"] if isinstance(f.get("gpu"), str)]
     assert per_gpu and all(C._BUS_ID.match(f["gpu"]) for f in per_gpu)  # pylint: disable=protected-access
     report = C.build_report("preflight", "t", hosts, "now")
-    assert "gpu 00000000:01:00.0" in C.render_junit(report)
-    assert C.render_markdown(report) and C.render_html(report) and C.render_lines(report)
+    assert "gpu 00000000:01:00.0" in R.render_junit(report)
+    assert R.render_markdown(report) and R.render_html(report) and R.render_lines(report)
     with pytest.raises(C.ClusterReportError) as exc:
         C.build_report("preflight", "t", {"h": {"findings": [dict(per_gpu[0], gpu="01:00.0; rm")], "error": None}}, "now")
     assert "PCI bus id" in exc.value.details["expected"]

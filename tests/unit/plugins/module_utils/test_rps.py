@@ -21,8 +21,8 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import pin
 from ansible_collections.gpunode.tuning.plugins.module_utils._report import preflight as _preflight
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import rps as _rps
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet import verdict as _softnet_verdict
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import (
-    AffinityError, release_rps, run_desired_state, verify_pins)
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import release_rps, run_desired_state, verify_pins
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_plan import AffinityError
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.topology import read_topology
 
 PCI = "0000:42:01.0"

@@ -27,16 +27,12 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.cpus import 
     core_spec_abstract,
     core_spec_cpus,
     cpu_spec_list,
-    node_spec,
     os_to_abstract,
-    parse_lscpu,
-    parse_scontrol_nodes,
-    read_slurm_topology,
-    spec_os_cpus,
-    topology_from_dict,
-    topology_view,
     whole_cores,
 )
+from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.scontrol import node_spec, parse_scontrol_nodes, spec_os_cpus
+from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.sysfs import read_slurm_topology
+from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.topology import parse_lscpu, topology_from_dict, topology_view
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
 

@@ -372,7 +372,7 @@ def test_empty_selector_is_not_the_default_route_even_when_one_exists(tmp_path, 
     ("weird", "mlx5_comp7@pci:0000:00:07.1", ("queue", 7, "txrx")),
 ])
 def test_irq_name_rules(driver, name, expected):
-    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import classify_irq
+    from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic_irqs import classify_irq
 
     assert classify_irq(name, driver) == expected
 

@@ -29,6 +29,8 @@ import modharness
 import treegen
 from modharness import Exit, Fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu import cpuset_slices as C
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu import slice_cgroups as G
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu import slice_units as U
 from ansible_collections.gpunode.tuning.plugins.module_utils._host import files as _persist
 from ansible_collections.gpunode.tuning.plugins.modules import cpuset_slices
 
@@ -57,7 +59,7 @@ def make_tree(path, cpus=16, controllers="cpuset cpu io memory pids", systemd=Fa
         write(os.path.join(cg, "cgroup.controllers"), controllers + "\n")
     write(os.path.join(cg, "cpuset.cpus.effective"), "0-%d\n" % (cpus - 1))
     for unit in units:
-        make_cgroup(tree, C.slice_path(unit) if unit.endswith(".slice") else unit)
+        make_cgroup(tree, U.slice_path(unit) if unit.endswith(".slice") else unit)
     if systemd:
         os.makedirs(os.path.join(tree.root, "run/systemd/system"))
     return tree
@@ -399,17 +401,17 @@ def test_the_online_cpus_come_from_sysfs(tmp_path):
     ("a-b-c.slice", "a.slice/a-b.slice/a-b-c.slice"),
 ])
 def test_a_dash_in_a_slice_name_is_a_parent_slice(unit, path):
-    assert C.slice_path(unit) == path
+    assert U.slice_path(unit) == path
 
 
 def test_scopes_are_found_in_the_slice_they_run_in(node):
     cg = os.path.join(node.sys, "fs/cgroup")
     make_cgroup(node, "system.slice/slurmstepd.scope")
-    assert C.cgroup_of(cg, "init.scope") == "init.scope"
-    assert C.cgroup_of(cg, "slurmstepd.scope") == "system.slice/slurmstepd.scope"
-    assert C.cgroup_of(cg, "gone.scope") is None and C.cgroup_of(cg, "gone.slice") is None
+    assert G.cgroup_of(cg, "init.scope") == "init.scope"
+    assert G.cgroup_of(cg, "slurmstepd.scope") == "system.slice/slurmstepd.scope"
+    assert G.cgroup_of(cg, "gone.scope") is None and G.cgroup_of(cg, "gone.slice") is None
     write(os.path.join(cg, "system.slice/cpuset.cpus.effective"), "0-3\n")
-    assert C.read_live(cg, "slurmstepd.scope")["effective"] == "0-3"     # inherited from the nearest cpuset
+    assert G.read_live(cg, "slurmstepd.scope")["effective"] == "0-3"     # inherited from the nearest cpuset
 
 
 # ------------------------------------------------------ systemd-analyze --
@@ -492,14 +494,14 @@ class FakeSystemd(object):
         if argv[1] == "daemon-reload":
             if self.applies:
                 for unit in self.units():
-                    rel = C.cgroup_of(cg, unit)
+                    rel = G.cgroup_of(cg, unit)
                     value = self.allowed(unit)
                     if rel and value:
                         write(os.path.join(cg, rel, "cpuset.cpus"), value + "\n")
                         write(os.path.join(cg, rel, "cpuset.cpus.effective"), value + "\n")
             return 0, "", ""
         if argv[1] == "stop":
-            shutil.rmtree(os.path.join(cg, C.cgroup_of(cg, argv[2])))
+            shutil.rmtree(os.path.join(cg, G.cgroup_of(cg, argv[2])))
             return 0, "", ""
         if argv[1] == "show" and argv[2] == "--property=AllowedCPUs":
             return 0, "\n\n".join("AllowedCPUs=%s" % self.allowed(u) for u in argv[3:]) + "\n", ""

@@ -16,7 +16,7 @@ import modharness
 import treegen
 from modharness import Exit
 from ansible_collections.gpunode.tuning.plugins.filter.preflight import drift_collect
-from ansible_collections.gpunode.tuning.plugins.module_utils._report import cluster as _cluster_report
+from ansible_collections.gpunode.tuning.plugins.module_utils._report import render as _report_render
 from ansible_collections.gpunode.tuning.plugins.module_utils._host import payload as _payload
 from ansible_collections.gpunode.tuning.plugins.module_utils._report import preflight as P
 from ansible_collections.gpunode.tuning.plugins.modules import nic_irq_persist
@@ -67,7 +67,7 @@ def test_a_never_tuned_node_is_not_tuned_yet_with_the_irq_moves_first_and_the_li
     # The rendered report says it in that order too: the first IRQ move before any file.
     report = drift_collect({"gpu-01": {"reports": {"nic_irq_pinning": role_report(res)}, "error": None}},
                            "2026-12-03T17:00:00Z")
-    text = _cluster_report.render_markdown(report)
+    text = _report_render.render_markdown(report)
     assert "not tuned yet" in text and "find who" not in text
     assert text.index("IRQ %s" % res["drift"][0]) < text.index("/etc/gpunode/nic-irq-affinity.json")
     assert "module_utils/_parse/cpulist.py" not in text

@@ -18,7 +18,7 @@ import modharness
 from modharness import Exit, Fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._slurm import cpuspec as S
 from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.conf import SlurmConfError
-from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.cpus import parse_scontrol_nodes
+from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.scontrol import parse_scontrol_nodes
 from ansible_collections.gpunode.tuning.plugins.modules import slurm_cpuspec
 
 pytestmark = pytest.mark.usefixtures("fake_exits")
