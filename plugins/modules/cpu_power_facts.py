@@ -356,7 +356,7 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.power import CpuPowerError, cpu_power_facts
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import missing_cpu_root, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(

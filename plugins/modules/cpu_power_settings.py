@@ -118,11 +118,12 @@ notes:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.power_settings import SettingsError, apply, kernel_check, plan
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import (
-    exit_with, is_live_root, missing_cpu_root, module_runner, roots_mixed)
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root, missing_cpu_root, roots_mixed
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import COMMANDS as KERNEL_COMMANDS
-from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import TREE_COMMANDS, tree_which
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import root_of
+from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import TREE_COMMANDS
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import tree_which
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(

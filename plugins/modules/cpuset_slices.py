@@ -276,8 +276,8 @@ warnings:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.cpuset_slices import (
-    ARGUMENT_SPEC, MUTUALLY_EXCLUSIVE, SliceError, converge, is_live, roots_problem)
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.cpuset_slices import ARGUMENT_SPEC, MUTUALLY_EXCLUSIVE, SliceError, converge
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root, roots_problem
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
@@ -302,7 +302,7 @@ def main():
     failure = roots_problem(params["root"], params["sysfs_path"])
     if failure:
         module.fail_json(changed=False, **failure)
-    run = module_runner(module, commands=("systemctl",)) if is_live(params["root"]) else None
+    run = module_runner(module, commands=("systemctl",)) if is_live_root(params["root"]) else None
     try:
         result, diff = converge(params, run, module.check_mode)
     except SliceError as exc:

@@ -112,11 +112,11 @@ sources:
   type: dict
 """
 
-import os
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.health import GpuHealthError, gpu_health
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
@@ -136,7 +136,7 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
-    live = os.path.normpath(params["sysfs_path"]) == "/sys"
+    live = is_live(sysfs=params["sysfs_path"])
     run = module_runner(module, commands=("nvidia-smi", "dcgmi")) if live else None
     try:
         result = gpu_health(params["sysfs_path"], run, params["nvidia_smi_xml_path"], params["dcgm_level"], params["dcgmi_output_path"])

@@ -187,8 +187,8 @@ plan:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import missing_cpu_root, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import root_of
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance import IrqbalanceError, plan_ban, read_irqbalance
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 

@@ -188,8 +188,9 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, missing_cpu_root, roots_mixed, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import root_of
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, roots_mixed, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance_state import SETTINGS_SPEC, StateError, converge, os_family
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 

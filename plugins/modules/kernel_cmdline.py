@@ -269,16 +269,11 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, is_live_root, module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import (
-    ARGUMENT_SPEC,
-    COMMANDS,
-    MUTUALLY_EXCLUSIVE,
-    REQUIRED_ONE_OF,
-    TREE_COMMANDS,
-    converge,
-    tree_which,
-)
+    ARGUMENT_SPEC, COMMANDS, MUTUALLY_EXCLUSIVE, REQUIRED_ONE_OF, TREE_COMMANDS, converge)
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import tree_which
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.args import KernelCmdlineError
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 

@@ -214,7 +214,8 @@ nccl_log_status:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, is_live_root, module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nccl_topo import ARGUMENT_SPEC, REQUIRED_IF, TopoError, converge
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 

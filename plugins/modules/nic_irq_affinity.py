@@ -257,7 +257,8 @@ irqbalance:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError, exit_with, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError, exit_with
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import DESIRED_KEYS, PIN_ARGUMENT_SPEC, run_desired_state
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_plan import AffinityError

@@ -358,8 +358,9 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError, check_roots, roots_mixed, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import root_of
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import check_roots, roots_mixed, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance import read_irqbalance
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import (
     SELECTOR_ARGUMENT_SPEC,

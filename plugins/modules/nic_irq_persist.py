@@ -290,10 +290,12 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import LockError, TreeError, exit_with, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import LockError, TreeError, exit_with
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import (
-    DESIRED_KEYS, PIN_ARGUMENT_SPEC, pin_lock, release_rps, restore_pins, restore_rps_masks, root_of,
-    run_desired_state, stored_desired_state, verify_pins)
+    DESIRED_KEYS, PIN_ARGUMENT_SPEC, pin_lock, release_rps, restore_pins, restore_rps_masks, run_desired_state, stored_desired_state,
+    verify_pins)
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import root_of
 # Imported so that AnsiballZ ships the entry point's whole import closure, which is installed from this payload.
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_cli import main as _entry_point_main  # noqa: F401
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance_state import SETTINGS_SPEC, StateError, finish, os_family, prepare

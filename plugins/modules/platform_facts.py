@@ -140,7 +140,7 @@ sources:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import missing_cpu_root, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.platform import PlatformError
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.platform_facts import gather_inputs, platform_facts
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module

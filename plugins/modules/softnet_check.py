@@ -586,7 +586,8 @@ import math
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError, check_roots, roots_mixed, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import check_roots, roots_mixed, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError, check_selector
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.check import DEFAULT_INTERVAL, SoftnetError, run_check
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.verdict import DEFAULT_THRESHOLDS

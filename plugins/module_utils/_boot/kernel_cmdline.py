@@ -66,7 +66,6 @@ DROPIN = "zz-gpunode-tuning.cfg"
 # Every command the module may run, on the live system only.
 COMMANDS = (grub_eval.SH, "update-grub", "grub-mkconfig", grubby.GRUBBY)
 TREE_COMMANDS = ()             # a captured tree's files never reach a shell of this host
-TOOL_DIRS = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")
 
 ARGUMENT_SPEC = dict(
     parameters=dict(type="list", elements="str"),
@@ -91,16 +90,6 @@ REQUIRED_ONE_OF = [("parameters", "isolate", "remove")]
 
 
 # ------------------------------------------------------------------ read --
-
-def tree_which(root):
-    """``which(name)`` for a tree: the tool's path under ``root`` (usr/sbin, sbin, ...), or None."""
-    def which(name):
-        for directory in TOOL_DIRS:
-            path = os.path.join(root, directory, name)
-            if os.path.isfile(path) and os.access(path, os.X_OK):
-                return path
-        return None
-    return which
 
 
 def check_options(params):

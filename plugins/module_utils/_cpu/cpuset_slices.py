@@ -50,7 +50,7 @@ import time
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpu_partition import PartitionError, as_cpulists, split
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import format_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import is_live_root, join, read_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import join, read_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import (
     UNIT_DIR, PersistError, apply_files, plan_files, rooted, systemctl_show)
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.slice_cgroups import (
@@ -453,27 +453,6 @@ def apply(decided, systemd, check, sleep=time.sleep, settle=2.0):
 
 def _report(live):
     return dict((u, {"cgroup": v["cgroup"], "cpus": v["cpus"], "effective": v["effective"]}) for u, v in live.items())
-
-
-def roots_problem(root, sysfs):
-    """The fail_json arguments when ``root`` or ``sysfs`` cannot be used, or they mix the live host with a tree."""
-    if not root or not os.path.isdir(root):
-        return dict(msg="root %s is not a directory" % root, option="root", value=root, expected="/ or the root of a tree")
-    if not sysfs or not os.path.isdir(join(sysfs, "devices/system/cpu")):
-        return dict(msg="sysfs_path %s is not a sysfs root with devices/system/cpu" % sysfs, option="sysfs_path",
-                    value=sysfs, path=join(sysfs or "", "devices/system/cpu"), expected="a sysfs root with devices/system/cpu")
-    live_root, live_sys = is_live(root), os.path.realpath(sysfs) == "/sys"
-    if live_root != live_sys:
-        return dict(msg="root %s and sysfs_path %s are not the same system (one is the live host, the other a tree): "
-                        "give root and sysfs_path of one tree (T and T/sys) or neither" % (root, sysfs),
-                    option="sysfs_path" if live_root else "root", value={"root": root, "sysfs_path": sysfs},
-                    expected="/ and /sys, or T and T/sys of one tree")
-    return None
-
-
-def is_live(root):
-    """Whether ``root`` is this host's / (then systemctl runs)."""
-    return is_live_root(root)
 
 
 def converge(params, run, check, sleep=time.sleep):

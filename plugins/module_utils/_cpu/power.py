@@ -20,7 +20,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.idle import ju
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import CpuListError, format_cpulist, parse_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import join, read_raw
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import root_of
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.numa_placement import (
     NumaPlacementError, judge_placement, numa_balancing, process_placement, select_processes)
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.nvidia_topo import (

@@ -32,7 +32,8 @@ import shlex
 import xml.etree.ElementTree as ET
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import is_live_root, join, list_dir
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import join, list_dir
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import PersistError, apply_files, plan_files, rooted
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import InputError, check_own_file, has_control, is_valid
 

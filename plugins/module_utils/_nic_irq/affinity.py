@@ -37,8 +37,8 @@ import os
 import tempfile
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import format_cpulist, parse_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import (
-    check_roots, exclusive_lock, join, read_raw, read_text)
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exclusive_lock, join, read_raw, read_text
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import check_roots, root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance import read_irqbalance
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import (
     SELECTOR_KEYS, NicError, require_named_nic, select_interface)
@@ -216,12 +216,6 @@ def _rollback_summary(restored, failed):
     else:
         summary = "nothing had been changed"
     return {"restored": restored, "failed": failed, "summary": summary}
-
-
-def root_of(procfs):
-    """The system root that holds ``procfs``: "/" for /proc, else the tree's root."""
-    path = os.path.normpath(procfs)
-    return "/" if path == "/proc" else os.path.dirname(path)
 
 
 def pin_lock(procfs, take=True, wait=None, stop=None, sleep=None, clock=None):

@@ -36,6 +36,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._boot import kernel
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub_cfg as GC
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub_eval as GE
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import tree_which
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.args import param_key, split_cmdline
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "kernel_cmdline"
@@ -172,7 +173,7 @@ def step(tmp_path, root, mode, args, check=False, run=None):
                   procfs_path=str(tmp_path / "proc"), state_dir=K.STATE_DIR, dropin_name=K.DROPIN)
     params.update(args)
     if mode == "tree":
-        which, live = K.tree_which(str(root)), False
+        which, live = tree_which(str(root)), False
     else:
         tool, live = ("update-grub" if mode == "live" else "grubby"), True
         if run is not None and getattr(run, "no_tool", False):

@@ -395,7 +395,7 @@ def test_boot_cli_refuses_mixed_roots_and_writes_nothing(tmp_path, guarded):
 
 
 def test_roots_of_one_system(tmp_path):
-    from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import roots_mixed
+    from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import roots_mixed
 
     tree = build(tmp_path / "tree", nic_spec())
     os.symlink(tree.root, str(tmp_path / "alias"))

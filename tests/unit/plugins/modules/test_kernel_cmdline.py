@@ -22,6 +22,7 @@ from ansible.module_utils import basic
 
 import modharness
 from modharness import Exit, Fail
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import tree_which
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot import kernel_cmdline as K
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.args import KernelCmdlineError
 from ansible_collections.gpunode.tuning.plugins.modules import kernel_cmdline
@@ -312,7 +313,7 @@ def test_a_failed_write_rolls_back_every_file(tmp_path):
         _persist.write_atomic(path, data, mode)
 
     with pytest.raises(KernelCmdlineError) as exc:
-        K.converge(params(root), sh_run, False, False, K.tree_which(root), procfs=proc, write=write)
+        K.converge(params(root), sh_run, False, False, tree_which(root), procfs=proc, write=write)
     assert "rolled back every file written before" in str(exc.value)
     assert dict((k, v) for k, v in snapshot(root).items() if v[0] != "dir") == \
         dict((k, v) for k, v in before.items() if v[0] != "dir")
