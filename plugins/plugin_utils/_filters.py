@@ -19,6 +19,11 @@ def detailed(name, exc):
     return "%s (%s: got %r, expected %s)" % (exc, name, exc.value, exc.expected)
 
 
+def plain(name, exc):  # pylint: disable=unused-argument
+    """The error's own message (it names the filter already)."""
+    return str(exc)
+
+
 def named(name, exc):
     """``FILTER: MESSAGE``."""
     return "%s: %s" % (name, exc)

@@ -110,7 +110,7 @@ def test_no_readme_line_is_over_200_characters():
 
 
 def test_the_readme_lists_every_verdict_diagnose_can_emit_and_no_other():
-    from ansible_collections.gpunode.tuning.plugins.filter.diagnose_report import VERDICT_ORDER
+    from ansible_collections.gpunode.tuning.plugins.module_utils._report.diagnose import VERDICT_ORDER
     from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.verdict import RULES, VERDICTS
     listed = _first_column(_section((ROOT / "README.md").read_text(), "### Diagnose verdicts"))
     assert len(listed) == len(set(listed))

@@ -82,7 +82,8 @@ def _gpu_text(gpu):
 # --- Markdown ---------------------------------------------------------------------------------------------------
 
 
-def _md(text):
+def md_escape(text):
+    """Text for a Markdown table cell or list item: backslash, pipe and ``<`` escaped, line breaks as spaces."""
     return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "\\<").replace("\r", " ").replace("\n", " ")
 
 
@@ -99,8 +100,8 @@ def group_message(group):
 def render_markdown(report):
     """Markdown: title, gate line, counts, "What to fix" (the non-pass groups), then one table row per row of hosts."""
     _check_report(report, "render_markdown")
-    lines = ["# %s" % _md(report["title"]), "", "**%s**" % _md(report["gate_text"]), "",
-             "Generated %s (%s report)." % (_md(report["generated_at"]), _md(report["kind"])), "",
+    lines = ["# %s" % md_escape(report["title"]), "", "**%s**" % md_escape(report["gate_text"]), "",
+             "Generated %s (%s report)." % (md_escape(report["generated_at"]), md_escape(report["kind"])), "",
              "| status | hosts (by worst finding) | findings |", "|---|---|---|"]
     for status in WORST_ORDER:
         lines.append("| %s | %d | %d |" % (SHORT[status], report["host_counts"].get(status, 0), report["counts"].get(status, 0)))
@@ -110,22 +111,22 @@ def render_markdown(report):
     if not todo:
         lines.append("Nothing: every finding passes.")
     for group in todo:
-        lines.append("- **%s** `%s`: %s" % (_group_label(group), _md(group["check"]).replace("`", "'"), _md(group_message(group))))
-        lines.append("  - hosts (%d): %s" % (group["count"], _md(group["hostlist"])))
+        lines.append("- **%s** `%s`: %s" % (_group_label(group), md_escape(group["check"]).replace("`", "'"), md_escape(group_message(group))))
+        lines.append("  - hosts (%d): %s" % (group["count"], md_escape(group["hostlist"])))
         if group.get("fix"):
-            lines.append("  - fix: %s" % _md(group["fix"]))
+            lines.append("  - fix: %s" % md_escape(group["fix"]))
     checks = report["checks"]
     lines += ["", "## Hosts, worst first", "",
               "Hosts whose findings are identical share a row. %s; - is a check the hosts did not report." %
               ", ".join("%s %s" % (SHORT[status], WORDS[status]) for status in WORST_ORDER), "",
-              "| hosts | count | worst | %s |" % " | ".join(_md(check) for check in checks),
+              "| hosts | count | worst | %s |" % " | ".join(md_escape(check) for check in checks),
               "|---|---|---|%s" % ("---|" * len(checks))]
     for row in report["rows"]:
         cells = []
         for check in checks:
             cell = row["cells"].get(check)
             cells.append("-" if cell is None else SHORT[_cell_worst(cell)])
-        lines.append("| %s | %d | %s | %s |" % (_md(row["hostlist"]), row["count"], SHORT[row["worst"]], " | ".join(cells)))
+        lines.append("| %s | %d | %s | %s |" % (md_escape(row["hostlist"]), row["count"], SHORT[row["worst"]], " | ".join(cells)))
     return "\n".join(lines) + "\n"
 
 

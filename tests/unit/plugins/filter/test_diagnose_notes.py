@@ -19,7 +19,7 @@ import pytest
 
 from modharness import patch_module_args
 
-from ansible_collections.gpunode.tuning.plugins.filter.diagnose_report import (
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.diagnose import (
     diagnose_collect, diagnose_html, diagnose_markdown)
 from ansible_collections.gpunode.tuning.plugins.modules import softnet_check
 

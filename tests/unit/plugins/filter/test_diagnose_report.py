@@ -14,8 +14,8 @@ import pytest
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpunode.tuning.plugins.filter.diagnose_report import (
-    FilterModule,
+from ansible_collections.gpunode.tuning.plugins.filter.diagnose_report import FilterModule
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.diagnose import (
     diagnose_collect,
     diagnose_html,
     diagnose_lines,
@@ -291,3 +291,13 @@ def test_idle_hosts_findings_and_where_the_irq_cpus_came_from_are_shown():
     assert '<span class="badge v-idle">idle</span>' in page
     assert ('<li data-finding="irq_cpus_saturated"><strong>IRQ CPUs saturated by packet rate</strong>: IRQ CPUs 2 '
             "squeeze at or above 0.5 per s. Remedy: more IRQ CPUs or RPS</li>") in page
+
+
+def test_markdown_escapes_like_the_cluster_report():
+    """One Markdown escape (``_report.render.md_escape``): a host name or reason with a backslash, a pipe, a ``<`` or
+    a line break cannot break the table or inject markup (the diagnose page's own escape let ``\\`` and ``<`` through)."""
+    results = {"evil|<b>\\x": {"softnet": {"failed": True, "msg": "line one\nline two | <script>"}, "nic": {}}}
+    page = diagnose_markdown(diagnose_collect(results))
+    assert "evil\\|\\<b>\\\\x" in page
+    assert "<script>" not in page.replace("\\<script>", "")
+    assert "line one line two" in page
