@@ -268,10 +268,10 @@ drift:
 import json
 import os
 
-from ansible.module_utils.basic import AnsibleModule
 
 # Imported so that AnsiballZ ships the copier's command line (and its import closure) with this module: the
 # library installed on the node is built from those files (_persist.library_files).
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.cli import main as _copier_main  # noqa: F401
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.config import CopierError, check_config, check_placement
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.install import (
@@ -281,7 +281,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.state i
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import PersistError, apply_files, plan_files, systemctl_show
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.payload import MANIFEST, bytecode_of, installed_library
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import InputError, check_own_file, validate_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import InputError, check_own_file
 
 COPIER_KEYS = ("completion", "temp_patterns", "marker_suffix", "quiet_seconds", "verify", "op_timeout", "retry_min",
                "retry_max", "watermark_percent", "pause_file", "state_file", "on_conflict", "quarantine_after",
@@ -538,7 +538,6 @@ def _diff(actions):
             for a in actions if a["before"] or a["after"]]
 
 
-# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
 def _is_config(data):
     """Whether ``data`` is a copier config this module wrote (a JSON object naming staging_dir and target_dir)."""
     try:
@@ -570,8 +569,7 @@ INPUT_RULES = {
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
+    module = new_module(ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     try:
         if params["state"] == "absent":

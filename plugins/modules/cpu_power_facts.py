@@ -353,11 +353,9 @@ ansible_facts:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.power import CpuPowerError, cpu_power_facts
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(
     governor=dict(type="str", default="performance"),
@@ -374,7 +372,6 @@ ARGUMENT_SPEC = dict(
 )
 
 
-# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
 INPUT_RULES = {
     "process_patterns": "regex",
     "irq_cpus": "cpulist",
@@ -383,8 +380,7 @@ INPUT_RULES = {
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
+    module = new_module(ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     failure = missing_cpu_root(params["procfs_path"], params["sysfs_path"])
     if failure:

@@ -274,15 +274,12 @@ warnings:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.cpuset_slices import ARGUMENT_SPEC, MUTUALLY_EXCLUSIVE, SliceError, converge
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root, roots_problem
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 
-# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
 INPUT_RULES = {
     "housekeeping_cpus": "cpulist",
     "irq_cpus": "cpulist",
@@ -296,8 +293,7 @@ INPUT_RULES = {
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, mutually_exclusive=MUTUALLY_EXCLUSIVE, supports_check_mode=True)
-    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
+    module = new_module(ARGUMENT_SPEC, INPUT_RULES, mutually_exclusive=MUTUALLY_EXCLUSIVE)
     params = module.params
     failure = roots_problem(params["root"], params["sysfs_path"])
     if failure:

@@ -112,13 +112,10 @@ sources:
   type: dict
 """
 
-
-from ansible.module_utils.basic import AnsibleModule
-
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.health import GpuHealthError, gpu_health
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(
     dcgm_level=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
@@ -128,13 +125,11 @@ ARGUMENT_SPEC = dict(
 )
 
 
-# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
 INPUT_RULES = {}
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
+    module = new_module(ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     live = is_live(sysfs=params["sysfs_path"])
     run = module_runner(module, commands=("nvidia-smi", "dcgmi")) if live else None

@@ -186,13 +186,11 @@ ansible_facts:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, roots_mixed, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance_state import SETTINGS_SPEC, StateError, converge, os_family
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(
     SETTINGS_SPEC,
@@ -203,15 +201,13 @@ ARGUMENT_SPEC = dict(
 )
 
 
-# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
 INPUT_RULES = {
     "banned_cpus": "cpulist",
 }
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
+    module = new_module(ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
     failure = missing_cpu_root(procfs, sysfs)

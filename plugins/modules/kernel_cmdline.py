@@ -266,19 +266,15 @@ msg:
   type: str
 """
 
-
-from ansible.module_utils.basic import AnsibleModule
-
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import (
     ARGUMENT_SPEC, COMMANDS, MUTUALLY_EXCLUSIVE, REQUIRED_ONE_OF, TREE_COMMANDS, converge)
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import tree_which
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.args import KernelCmdlineError
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 
-# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
 INPUT_RULES = {
     "parameters": "kernel_param",
     "remove": "kernel_param",
@@ -289,9 +285,7 @@ INPUT_RULES = {
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, mutually_exclusive=MUTUALLY_EXCLUSIVE,
-                           required_one_of=REQUIRED_ONE_OF, supports_check_mode=True)
-    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
+    module = new_module(ARGUMENT_SPEC, INPUT_RULES, mutually_exclusive=MUTUALLY_EXCLUSIVE, required_one_of=REQUIRED_ONE_OF)
     params = module.params
     live = is_live_root(params["root"])
     which = module.get_bin_path if live else tree_which(params["root"])

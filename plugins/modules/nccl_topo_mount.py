@@ -212,15 +212,12 @@ nccl_log_status:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nccl_topo import ARGUMENT_SPEC, REQUIRED_IF, TopoError, converge
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 
-# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
 INPUT_RULES = {
     "content": "text",
     "container_path": "path",
@@ -232,8 +229,7 @@ INPUT_RULES = {
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True)
-    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
+    module = new_module(ARGUMENT_SPEC, INPUT_RULES, required_if=REQUIRED_IF)
     params = module.params
     run = module_runner(module, commands=("podman", "enroot")) if is_live_root(params["root"]) else None
     try:

@@ -356,8 +356,7 @@ ansible_facts:
               elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import check_roots, roots_mixed, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import root_of
@@ -370,24 +369,17 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import
 )
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic_irqs import IRQ_AFFINITY_FORMATS, add_cpulist_strings, read_nic
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.topology import read_topology
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC, irq_affinity_format=dict(type="str", choices=list(IRQ_AFFINITY_FORMATS), default="string"))
 
 
-# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
 INPUT_RULES = {
     "cidr": "cidr",
 }
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=ARGUMENT_SPEC,
-        mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE,
-        supports_check_mode=True,
-    )
-    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
+    module = new_module(ARGUMENT_SPEC, INPUT_RULES, mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE)
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
     run = runner_for_roots(module, procfs, sysfs)

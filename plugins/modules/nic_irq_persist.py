@@ -288,8 +288,8 @@ irqbalance_state:
 import json
 import os
 
-from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import LockError, TreeError, exit_with
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import (
@@ -306,7 +306,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import 
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.payload import PKG_DIR, installed_library
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.persist import HEADER, RECHECK_UNIT, TIMER, UDEV_RULE, UNIT, owned_paths, render
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.rps import rps_drift
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import InputError, check_own_file, validate_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import InputError, check_own_file
 
 ARGUMENT_SPEC = dict(
     SELECTOR_ARGUMENT_SPEC,
@@ -699,7 +699,6 @@ def _remove(module, params, procfs, sysfs, run):
     return out, warnings, diff
 
 
-# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
 INPUT_RULES = {
     "cidr": "cidr",
     "cpus": "cpulist",
@@ -710,12 +709,7 @@ INPUT_RULES = {
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=ARGUMENT_SPEC,
-        mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE + [("cpus", "count")],
-        supports_check_mode=True,
-    )
-    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
+    module = new_module(ARGUMENT_SPEC, INPUT_RULES, mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE + [("cpus", "count")])
     params = module.params
     _validate(module, params)
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]

@@ -584,14 +584,13 @@ notes:
 
 import math
 
-from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import check_roots, roots_mixed, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError, check_selector
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.check import DEFAULT_INTERVAL, SoftnetError, run_check
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.verdict import DEFAULT_THRESHOLDS
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 ARGUMENT_SPEC = dict(
     SELECTOR_ARGUMENT_SPEC,
@@ -627,7 +626,6 @@ def check_thresholds(params):
                                expected="a finite %s >= 0" % key)
 
 
-# Rules of _validate for the options that are not plain words or paths (the rest: safe word / path rule).
 INPUT_RULES = {
     "cidr": "cidr",
     "irq_cpus": "cpulist",
@@ -635,12 +633,7 @@ INPUT_RULES = {
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=ARGUMENT_SPEC,
-        mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE,
-        supports_check_mode=True,
-    )
-    validate_module(module, ARGUMENT_SPEC, INPUT_RULES)
+    module = new_module(ARGUMENT_SPEC, INPUT_RULES, mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE)
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
     try:

@@ -47,10 +47,14 @@ def diagram_edges():
 
 
 def imports_of(path):
+    return imports_of_text(path.read_text())
+
+
+def imports_of_text(source):
     """[(line, dotted target)] of a Python file: ``_pkg.mod`` for the collection's module_utils, the full name for
     the rest (``os``, ``ansible.module_utils.basic``, ``ansible_collections.gpunode.tuning.plugins.modules.x``)."""
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             out.extend((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -206,3 +210,13 @@ def test_the_installed_libraries_are_exactly_their_entry_points_closures():
         assert modules == sorted("%s/%s.py" % (_payload.PKG_DIR, n.replace(".", "/")) for n in closure), entry
         for package in set(n.split(".")[0] for n in closure):
             assert files["%s/%s/__init__.py" % (_payload.PKG_DIR, package)] == b""
+
+
+def test_code_that_runs_on_a_node_without_ansible_imports_no_ansible():
+    """The installed libraries (the NIC IRQ pins' entry point, the checkpoint copier) run with the node's Python and
+    no Ansible: nothing in their closure may import ``ansible`` (``_host.module``, the modules' start, does)."""
+    for entry in ("_nic_irq.pin_cli", "_checkpoint.cli"):
+        for rel, data in _payload.library_files(entry).items():
+            if rel.endswith(".py"):
+                found = [t for _line, t in imports_of_text(data.decode("utf-8")) if t == "ansible" or t.startswith("ansible.")]
+                assert found == [], (entry, rel, found)
