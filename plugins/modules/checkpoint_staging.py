@@ -270,7 +270,7 @@ import os
 
 
 # Imported so that AnsiballZ ships the copier's command line (and its import closure) with this module: the
-# library installed on the node is built from those files (_persist.library_files).
+# library installed on the node is built from those files (_host.payload.library_files).
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.cli import main as _copier_main  # noqa: F401
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.config import CopierError, check_config, check_placement

@@ -119,7 +119,7 @@ def link_name(path):
 
 
 # The only commands the readers ever run (``ethtool -l``, ``ip -j addr``, ``systemctl is-active``...), for the
-# module glue below and for the boot-time entry point (_irq_pin_cli); the nic_selector doc fragment names them.
+# module glue below and for the boot-time entry point (_nic_irq.pin_cli); the nic_selector doc fragment names them.
 ALLOWED_COMMANDS = ("ethtool", "ip", "systemctl")
 
 
