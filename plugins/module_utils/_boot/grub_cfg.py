@@ -24,19 +24,6 @@ GRUBENV = "/boot/grub/grubenv"
 
 # --------------------------------------------------------------- grub.cfg --
 
-def _var(line, pos):
-    """(name, end) of a ``$name`` or ``${name}`` reference at ``pos``, or (None, pos + 1)."""
-    if line.startswith("${", pos):
-        end = line.find("}", pos + 2)
-        if end > pos + 2:
-            return line[pos + 2:end], end + 1
-        return None, pos + 1
-    match = re.match(r"[A-Za-z0-9_?#@]+", line[pos + 1:])
-    if match:
-        return match.group(0), pos + 1 + match.end()
-    return None, pos + 1
-
-
 def grub_words(line):
     """Words of one grub.cfg command as GRUB's lexer reads them: blanks separate words, '...' is literal,
     "..." and bare text allow backslash escapes, ``#`` starts a comment. Variable references are kept as

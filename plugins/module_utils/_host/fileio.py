@@ -35,22 +35,37 @@ def join(root, *parts):
     return os.path.join(root, *[p.lstrip("/") for p in parts])
 
 
-def read_text(path, default=None):
-    """File content with surrounding whitespace stripped, or ``default``."""
+def _open_regular(path):
+    """``path`` opened for reading as text when it is a regular file (every procfs and sysfs attribute is one), else
+    None. Opened with ``O_NONBLOCK`` and checked on the descriptor, so a FIFO or a device planted in a captured tree
+    reads as missing instead of hanging the module or reading a device."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     try:
-        with open(path, "r", encoding="utf-8", errors="replace") as handle:
-            return handle.read().strip()
-    except (OSError, ValueError):
-        return default
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+    except OSError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "r", encoding="utf-8", errors="replace")
 
 
 def read_raw(path, default=None):
-    """File content unstripped, or ``default``."""
+    """File content unstripped, or ``default`` (also for a FIFO, socket or device: see :func:`_open_regular`)."""
     try:
-        with open(path, "r", encoding="utf-8", errors="replace") as handle:
+        handle = _open_regular(path)
+        if handle is None:
+            return default
+        with handle:
             return handle.read()
     except (OSError, ValueError):
         return default
+
+
+def read_text(path, default=None):
+    """File content with surrounding whitespace stripped, or ``default`` (as :func:`read_raw`)."""
+    text = read_raw(path)
+    return default if text is None else text.strip()
 
 
 def read_data(path, limit=65536, default=None):
