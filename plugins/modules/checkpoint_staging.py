@@ -265,27 +265,15 @@ drift:
   elements: str
 """
 
-import json
-import os
-
-
 # Imported so that AnsiballZ ships the copier's command line (and its import closure) with this module: the
 # library installed on the node is built from those files (_host.payload.library_files).
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.cli import main as _copier_main  # noqa: F401
-from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.config import CopierError, check_config, check_placement
-from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.install import (
-    HEADER, TRIGGERS, UNIT_DIR, UNITS, InstallError, apply_staging, check_path, missing_dirs, read_mountinfo, render, restore,
-    service_user, snapshot, staging_plan, undo_staging, writable)
-from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.state import status
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.config import CopierError
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.install import UNIT_DIR, InstallError
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.staging import converge
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import PersistError, apply_files, plan_files, systemctl_show
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.payload import MANIFEST, bytecode_of, installed_library
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import InputError, check_own_file
-
-COPIER_KEYS = ("completion", "temp_patterns", "marker_suffix", "quiet_seconds", "verify", "op_timeout", "retry_min",
-               "retry_max", "watermark_percent", "pause_file", "state_file", "on_conflict", "quarantine_after",
-               "kill_grace")
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import PersistError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module
 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["present", "absent"], default="present"),
@@ -318,248 +306,6 @@ ARGUMENT_SPEC = dict(
     mountinfo_path=dict(type="path", default="/proc/self/mountinfo"),
     unit_dir=dict(type="path", default=UNIT_DIR),
 )
-# The copier's interpreter must run the collection's module_utils (from __future__ import annotations).
-PYTHON_MIN = (3, 7)
-
-
-def _mode(module, text):
-    try:
-        mode = int(text, 8)
-    except ValueError:
-        mode = -1
-    if not 0 <= mode <= 0o7777:
-        module.fail_json(msg="staging_mode %r is not an octal mode" % text, option="staging_mode", value=text,
-                         expected="an octal mode such as 0750", changed=False)
-    return mode
-
-
-class SystemdError(Exception):
-    """A systemctl call that failed (the run puts back what it changed)."""
-
-
-class Systemd(object):
-    """systemctl through the module; in check mode only records. Found before anything is written: a node without
-    systemctl fails with nothing changed."""
-
-    def __init__(self, module):
-        self.module, self.actions, self.started = module, [], []
-        self.systemctl = module.get_bin_path("systemctl")
-        if self.systemctl is None:
-            module.fail_json(msg="systemctl not found: the copier runs under systemd (nothing was changed)",
-                             option="state", value=module.params["state"], expected="a node that runs systemd",
-                             changed=False)
-
-    def states(self):
-        rc, out, _err = self.module.run_command([self.systemctl, "show", "--property=UnitFileState",
-                                                 "--property=ActiveState"] + list(TRIGGERS))
-        if rc != 0:
-            return dict((u, {}) for u in TRIGGERS)
-        return dict(zip(TRIGGERS, systemctl_show(out)))
-
-    def do(self, argv, label):
-        self.actions.append(label)
-        if not self.module.check_mode:
-            rc, _out, err = self.module.run_command([self.systemctl] + argv[1:])
-            if rc != 0:
-                raise SystemdError("%s failed: %s" % (" ".join(argv), err.strip() or "exit status %d" % rc))
-            if argv[1:3] == ["enable", "--now"]:
-                self.started.append(argv[3])
-
-    def undo(self, reload_units):
-        """Best effort after a failure: stop what this run started, reload the units put back."""
-        for unit in reversed(self.started):
-            self.module.run_command([self.systemctl, "disable", "--now", unit])
-        if reload_units:
-            self.module.run_command([self.systemctl, "daemon-reload"])
-
-
-def _check_python(module, python):
-    """The entry point's interpreter exists, is executable and runs the copier's code (before anything is written)."""
-    if not os.path.isfile(python) or not os.access(python, os.X_OK):
-        module.fail_json(msg="python %s is not an executable file" % python, option="python", value=python,
-                         expected="the path of a Python %d.%d+ interpreter on the node" % PYTHON_MIN, changed=False)
-    rc, out, err = module.run_command([python, "-I", "-c", "import sys; raise SystemExit(0 if sys.version_info >= %r else 3)"
-                                       % (PYTHON_MIN,)])
-    if rc != 0:
-        said = (err or out).strip()[:200]
-        why = "exit status %d%s" % (rc, ": " + said if said else "")
-        module.fail_json(msg="python %s cannot run the copier (%s)" % (python, why), option="python", value=python,
-                         expected="the path of a Python %d.%d+ interpreter on the node" % PYTHON_MIN, changed=False)
-
-
-def _settings(params, user, access):
-    keys = ("config_file", "lib_dir", "entry_point", "python", "interval", "timeout", "unit_dir")
-    settings = dict((k, params[k]) for k in keys)
-    settings.update(user=user, access=access)
-    return settings
-
-
-def _owned(params):
-    lib = params["lib_dir"].rstrip("/")
-    library = installed_library(lib)
-    return ([params["entry_point"], params["config_file"]] + ["%s/%s" % (params["unit_dir"], u) for u in UNITS]
-            + library + bytecode_of(library) + ["%s/%s" % (lib, MANIFEST)])
-
-
-def _present(module, params):
-    for key in ("staging_dir", "target_dir"):
-        if not params[key]:
-            module.fail_json(msg="%s is required with state=present" % key, option=key, value=None,
-                             expected="an absolute directory path", changed=False)
-    for key in ("interval", "timeout"):
-        if params[key] < 1:
-            module.fail_json(msg="%s %d is not a positive number of seconds" % (key, params[key]), option=key,
-                             value=params[key], expected="seconds, at least 1", changed=False)
-    raw = dict((k, params[k]) for k in COPIER_KEYS if params[k] is not None)
-    raw.update(staging_dir=params["staging_dir"], target_dir=params["target_dir"])
-    cfg = check_config(raw)
-    placement = check_placement(cfg, read_mountinfo(check_path("mountinfo_path", params["mountinfo_path"])))
-    # Every copier pass checks that the target is still on this mount (an NFS mount that went away leaves an empty
-    # local directory, which must never count as durable).
-    cfg["target_mount"] = {"point": placement["target_mount"], "fstype": placement["target_fstype"],
-                           "source": placement["target_source"]}
-    cfg["mountinfo_path"] = params["mountinfo_path"]
-    # The copier runs as the staging directory's owner and group (never root by default): resolved here, names
-    # in the unit. No default owner: the only user every node has is root.
-    if not params["staging_owner"]:
-        module.fail_json(msg="staging_owner is required with state=present: the copier runs as the staging "
-                         "directory's owner, the training job's user", option="staging_owner", value=None,
-                         expected="the training job's (non-root) user", changed=False)
-    user = service_user(params["staging_owner"], params["staging_group"], params["allow_root_copier"])
-    staging = staging_plan(cfg["staging_dir"], _mode(module, params["staging_mode"]), user["uid"], user["gid"])
-    if staging["action"] == "error":
-        module.fail_json(msg="staging_dir %s %s" % (cfg["staging_dir"], staging["reason"]), option="staging_dir",
-                         value=cfg["staging_dir"], expected="a directory (or a path to create one at)", changed=False)
-    # What the sandboxed service may write: every path the copier writes must be in it (state_file, pause_file).
-    access = writable(cfg)
-    files = render(cfg, _settings(params, user, access))
-    _own_files(module, files, params)
-    # Every tool the run needs, before the first write.
-    systemd = Systemd(module)
-    _check_python(module, params["python"])
-    # Present: remove only library files no longer shipped (with their bytecode); the bytecode Python writes for
-    # the files still installed is not drift.
-    gone = [p for p in installed_library(params["lib_dir"].rstrip("/")) if p not in files]
-    actions = plan_files(files, remove=gone + bytecode_of(gone), diff_skip=(params["lib_dir"].rstrip("/") + "/",))
-    changed_files = [a for a in actions if a["action"] != "unchanged"]
-    states = systemd.states()
-    unit_prefix = params["unit_dir"].rstrip("/") + "/"
-    drift = ["%s %s (%s)" % (a["action"], a["path"], a["reason"]) for a in changed_files]
-    if staging["action"] != "unchanged":
-        drift.append("%s staging directory %s (%s)" % (staging["action"], staging["path"], staging["reason"]))
-    steps = []
-    if any(a["path"].startswith(unit_prefix) for a in changed_files):
-        steps.append((["systemctl", "daemon-reload"], "daemon-reload"))
-    for unit in TRIGGERS:
-        state = states.get(unit, {})
-        if state.get("UnitFileState") != "enabled" or state.get("ActiveState") != "active":
-            steps.append((["systemctl", "enable", "--now", unit], "enable --now %s" % unit))
-            drift.append("start %s (%s, %s)" % (unit, state.get("UnitFileState", "?"), state.get("ActiveState", "?")))
-        elif any(a["path"].endswith("/" + unit) for a in changed_files):
-            steps.append((["systemctl", "restart", unit], "restart %s" % unit))
-    if module.check_mode:
-        for argv, label in steps:
-            systemd.do(argv, label)
-    else:
-        _apply(module, staging, files, changed_files, params, systemd, steps)
-    result = {"changed": bool(drift), "staging": staging, "files": _brief(actions), "systemd": systemd.actions,
-              "config": cfg, "placement": placement, "drift": drift,
-              "service_user": {"user": user["user"], "group": user["group"]}}
-    if os.path.isdir(cfg["staging_dir"]):
-        result["copier_status"] = status(cfg)
-    return result, _diff(changed_files)
-
-
-def _apply(module, staging, files, changed_files, params, systemd, steps):
-    """Staging directory, files, systemd: all or nothing. A failed step puts back the files (content, mode, owner;
-    a file the run created is removed), the staging directory's mode and owner (one the run created is removed)
-    and stops what the run started."""
-    paths = [a["path"] for a in changed_files]
-    try:
-        saved, created = snapshot(paths), missing_dirs(paths)
-    except OSError as exc:
-        module.fail_json(msg="cannot read %s to keep it for a rollback: %s (nothing was changed)" % (exc.filename, exc),
-                         path=exc.filename, changed=False)
-    try:
-        undo = apply_staging(staging)
-    except OSError as exc:
-        module.fail_json(msg="staging_dir %s could not be set up: %s (nothing was changed)" % (staging["path"], exc),
-                         option="staging_dir", value=staging["path"], expected="a directory this run can create and "
-                         "give to staging_owner", changed=False)
-    try:
-        apply_files(files, changed_files, prune_within=params["lib_dir"].rstrip("/"))
-    except PersistError as exc:
-        problems = undo_staging(undo, staging["path"])  # the files are already put back by apply_files
-        details = dict(exc.details)
-        details["rollback_failed"] = list(details.get("rollback_failed") or []) + problems
-        details["changed"] = bool(details["rollback_failed"])
-        raise PersistError("%s; staging directory %s" % (exc, "put back" if not problems else "not put back"),
-                           **details)
-    try:
-        for argv, label in steps:
-            systemd.do(argv, label)
-    except SystemdError as exc:
-        problems = restore(saved, created) + undo_staging(undo, staging["path"])
-        systemd.undo(reload_units=any(a["path"].startswith(params["unit_dir"].rstrip("/") + "/")
-                                      for a in changed_files))
-        module.fail_json(msg="%s; %s" % (exc, "every file and the staging directory were put back" if not problems
-                                         else "could not put back %s" % ", ".join(problems)),
-                         systemd=systemd.actions, rollback_failed=problems, changed=bool(problems))
-
-
-def _absent(module, params):
-    actions = plan_files({}, remove=_owned(params), diff_skip=(params["lib_dir"].rstrip("/") + "/",))
-    systemd = Systemd(module)
-    states = systemd.states()
-    drift, removed = [], False
-    try:
-        for unit in TRIGGERS:
-            if states.get(unit, {}).get("UnitFileState") not in (None, "", "not-found"):
-                systemd.do(["systemctl", "disable", "--now", unit], "disable --now %s" % unit)
-                drift.append("stop %s" % unit)
-        drift += ["remove %s" % a["path"] for a in actions]
-        if not module.check_mode:
-            apply_files({}, actions, prune_within=params["lib_dir"].rstrip("/"))
-            removed = bool(actions)
-        if any(a["path"].startswith(params["unit_dir"].rstrip("/") + "/") for a in actions):
-            systemd.do(["systemctl", "daemon-reload"], "daemon-reload")
-    except SystemdError as exc:
-        # Absent takes things away: what was stopped or removed before the failure stays so (run it again).
-        module.fail_json(msg=str(exc), systemd=systemd.actions, changed=removed or len(systemd.actions) > 1)
-    return {"changed": bool(drift), "files": _brief(actions), "systemd": systemd.actions, "drift": drift}, _diff(actions)
-
-
-def _brief(actions):
-    return [dict((k, a[k]) for k in ("path", "action", "reason", "mode")) for a in actions]
-
-
-def _diff(actions):
-    return [{"before_header": a["path"], "after_header": a["path"], "before": a["before"], "after": a["after"]}
-            for a in actions if a["before"] or a["after"]]
-
-
-def _is_config(data):
-    """Whether ``data`` is a copier config this module wrote (a JSON object naming staging_dir and target_dir)."""
-    try:
-        parsed = json.loads(data.decode("utf-8"))
-    except ValueError:
-        return False
-    return isinstance(parsed, dict) and "staging_dir" in parsed and "target_dir" in parsed
-
-
-def _own_files(module, files, params):
-    """Refuse to overwrite what is not this module's (issue 27): at the entry point, the config file or a unit, a
-    file without the module's header (the config: not its JSON), a symlink or a non-regular file. The library under
-    lib_dir is known by its manifest."""
-    lib = params["lib_dir"].rstrip("/") + "/"
-    names = {params["entry_point"]: "entry_point", params["config_file"]: "config_file"}
-    for path in sorted(p for p in files if not p.startswith(lib)):
-        try:
-            check_own_file(names.get(path, "unit_dir"), path, _is_config if path == params["config_file"] else HEADER)
-        except InputError as exc:
-            module.fail_json(msg=str(exc), changed=False, path=path, **exc.details)
-
-
 INPUT_RULES = {
     "staging_owner": "user",
     "staging_group": "user",
@@ -570,12 +316,8 @@ INPUT_RULES = {
 
 def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES)
-    params = module.params
     try:
-        if params["state"] == "absent":
-            result, diff = _absent(module, params)
-        else:
-            result, diff = _present(module, params)
+        result, diff = converge(module.params, module_target(module, commands=("systemctl",)))
     except (CopierError, InstallError, PersistError) as exc:
         details = dict(exc.details)
         details.setdefault("changed", False)

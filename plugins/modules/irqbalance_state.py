@@ -186,11 +186,10 @@ ansible_facts:
   type: dict
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, roots_mixed, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import root_of
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance_state import SETTINGS_SPEC, StateError, converge, os_family
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, roots_mixed
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance_state import SETTINGS_SPEC, StateError, converge
 
 ARGUMENT_SPEC = dict(
     SETTINGS_SPEC,
@@ -217,10 +216,10 @@ def main():
     if why:
         module.fail_json(msg="%s: give both roots of one tree (T/proc and T/sys) or neither" % why, option="procfs_path",
                          value={"procfs_path": procfs, "sysfs_path": sysfs})
-    run = runner_for_roots(module, procfs, sysfs, commands=("systemctl",))
+    target = module_target(module, commands=("systemctl",))
     try:
-        result, diff = converge(params, root_of(procfs), run, module.check_mode, sysfs=sysfs,
-                                detect=(lambda: os_family(module)) if run is not None else None)
+        result, diff = converge(params, target.root, target.run, target.check, sysfs=target.sysfs,
+                                detect=target.os_family)
     except StateError as exc:
         module.fail_json(msg=str(exc), changed=False, **exc.details)
     exit_with(module, result, diff)

@@ -26,6 +26,7 @@ import time
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.config import CopierError, check_config
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.passes import run_pass
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.state import status
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.cli import UsageError, parse_args
 
 
 def _log(message):
@@ -33,27 +34,26 @@ def _log(message):
     sys.stdout.flush()
 
 
+def _seconds(value):
+    """``--deadline``'s value: a finite number of seconds above 0 (ValueError otherwise)."""
+    deadline = float(value)
+    if not deadline > 0 or deadline == float("inf"):
+        raise ValueError(value)
+    return deadline
+
+
 def main(argv=None):
-    args = list(sys.argv[1:] if argv is None else argv)
-    want_status, deadline, force = False, 3000.0, False
-    while args and args[0].startswith("--"):
-        flag = args.pop(0)
-        if flag == "--status":
-            want_status = True
-        elif flag == "--force":
-            force = True
-        elif flag == "--deadline" and args:
-            value = args.pop(0)
-            try:
-                deadline = float(value)
-            except ValueError:
-                deadline = float("nan")
-            if not deadline > 0 or deadline == float("inf"):
-                sys.stderr.write("--deadline %r is not a number of seconds above 0\n" % value)
-                return 2
+    try:
+        values, args = parse_args(sys.argv[1:] if argv is None else argv, flags=("--status", "--force"),
+                                  options={"--deadline": _seconds}, prefix="--", options_first=True)
+    except UsageError as exc:
+        if exc.value is None:
+            sys.stderr.write("unknown option %s\n" % exc.option)
         else:
-            sys.stderr.write("unknown option %s\n" % flag)
-            return 2
+            sys.stderr.write("--deadline %r is not a number of seconds above 0\n" % exc.value)
+        return 2
+    want_status, force = values.get("--status", False), values.get("--force", False)
+    deadline = values.get("--deadline", 3000.0)
     if len(args) != 1:
         sys.stderr.write("usage: gpunode-ckpt-copier [--status] [--force] [--deadline SECONDS] CONFIG\n")
         return 2

@@ -12,7 +12,8 @@ can write only the staging directory, the target's mount, its state directory (`
 
 Standard library only. The files are written with :mod:`_host.files`'s all-or-nothing writer; the library is the
 import closure of ``_checkpoint.cli`` (the copier that runs is the collection's own code). :func:`apply_staging` and
-:func:`snapshot`/:func:`restore` put the staging directory and the files back when a later step fails.
+:func:`undo_staging` put the staging directory back when a later step fails (the files: the file engine's own
+rollback, :func:`_host.files.rollback_files`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import stat
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import InputError, is_valid
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import check_path as validate_path
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import fsync_dir, write_atomic
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.payload import MANIFEST, library_files
 
 SERVICE = "gpunode-ckpt-copier.service"
@@ -417,55 +417,3 @@ def undo_staging(undo, path):
         except OSError:
             problems.append(directory)
     return problems
-
-
-# ------------------------------------------------------------------ files --
-
-def snapshot(paths):
-    """{path: None (missing) or (bytes, mode, uid, gid)} of regular files, before a run changes them."""
-    saved = {}
-    for path in paths:
-        try:
-            st = os.lstat(path)
-        except OSError:
-            saved[path] = None
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            continue  # the writer refuses or replaces it; nothing of the collection's to put back
-        with open(path, "rb") as handle:
-            saved[path] = (handle.read(), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-    return saved
-
-
-def restore(saved, created_dirs=()):
-    """Put the files of :func:`snapshot` back (a missing one is removed again), then remove the directories the run
-    created (when empty); [paths it could not put back]."""
-    problems = []
-    for path in sorted(saved):
-        old = saved[path]
-        try:
-            if old is None:
-                if os.path.lexists(path):
-                    os.unlink(path)
-                    fsync_dir(os.path.dirname(path))
-            else:
-                write_atomic(path, old[0], old[1], owner=(old[2], old[3]))
-        except OSError:
-            problems.append(path)
-    for directory in sorted(created_dirs, key=len, reverse=True):
-        try:
-            os.rmdir(directory)
-        except OSError:
-            pass
-    return problems
-
-
-def missing_dirs(paths):
-    """The directories that writing ``paths`` would create (for :func:`restore` to remove again)."""
-    out = set()
-    for path in paths:
-        directory = os.path.dirname(path)
-        while directory and directory != "/" and not os.path.isdir(directory):
-            out.add(directory)
-            directory = os.path.dirname(directory)
-    return sorted(out)

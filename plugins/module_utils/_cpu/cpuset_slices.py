@@ -52,7 +52,8 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpu_partitio
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import format_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import join, read_cpulist
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import (
-    UNIT_DIR, PersistError, apply_files, plan_files, rooted, systemctl_show)
+    UNIT_DIR, PersistError, apply_files, plan_files, rooted)
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.systemd import Systemd
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.slice_cgroups import (
     CGROUP, as_cpu_set, cgroup_v2_problem, drift_of, read_live, restricted_services)
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.slice_units import (
@@ -328,37 +329,6 @@ def plan(params, sysfs="/sys"):
 
 # ---------------------------------------------------------------- apply --
 
-class Systemd(object):
-    """systemctl through ``run``: only when ``run`` is given (root is /) and not in check mode; otherwise each
-    action is recorded, as irqbalance_state reports the actions it would take."""
-
-    def __init__(self, root, run, check):
-        self.run, self.check, self.actions = run, check, []
-        self.live = run is not None
-        self.why = None if self.live else "root %s is not /: not run" % root
-
-    def do(self, argv):
-        text = " ".join(argv)
-        if self.check or not self.live:
-            self.actions.append(text if self.live else "%s (%s)" % (text, self.why))
-            return ""
-        rc, out, err = self.run(["systemctl"] + list(argv))
-        if rc != 0:
-            raise SliceError("systemctl %s failed (rc %d): %s; done before it: %s" % (
-                " ".join(argv), rc, (err or out or "").strip(), ", ".join(self.actions) or "nothing"),
-                command="systemctl %s" % " ".join(argv))
-        self.actions.append(text)
-        return out or ""
-
-    def query(self, argv):
-        """A read-only systemctl call (live, not check mode only); not recorded as an action."""
-        rc, out, err = self.run(["systemctl"] + list(argv))
-        if rc != 0:
-            raise SliceError("systemctl %s failed (rc %d): %s" % (" ".join(argv), rc, (err or out or "").strip()),
-                             command="systemctl %s" % " ".join(argv))
-        return out or ""
-
-
 def _prune(root, removed):
     """Remove the <unit>.d and system.conf.d directories that the removals left empty (nothing above them)."""
     for path in sorted(set(os.path.dirname(p) for p in removed)):
@@ -403,14 +373,14 @@ def apply(decided, systemd, check, sleep=time.sleep, settle=2.0):
     if not changed and not (decided["drift"] and systemd.live):
         return decided["live"]
     try:
-        systemd.do(["daemon-reload"])
+        systemd.do(["systemctl", "daemon-reload"])
     except SliceError as exc:
         written = [a["path"] for a in changed]
         raise SliceError("%s%s" % (exc, "; the files are written (%s), run it again when systemd answers" % ", ".join(written)
                                    if written else ""), files=written, **exc.details)
     for item in decided["drift"]:
         if item["stop"]:
-            systemd.do(["stop", item["unit"]])
+            systemd.do(["systemctl", "stop", item["unit"]])
     resets = [d["unit"] for d in decided["drift"] if d["want"] is None and not d["stop"]]
     if not systemd.live or check:
         for unit in resets:
@@ -420,8 +390,9 @@ def apply(decided, systemd, check, sleep=time.sleep, settle=2.0):
     live = dict((u, read_live(cgroot, u)) for u in decided["report"])
     stale = [u for u in sorted(want) if want[u] is None and live[u]["cpus"]]
     if stale:
-        shown = systemctl_show(systemd.query(["show", "--property=AllowedCPUs"] + stale))
-        for unit, props in zip(stale, shown):
+        shown = systemd.show(stale, ("AllowedCPUs",), strict=True)
+        for unit in stale:
+            props = shown[unit]
             allowed = (props.get("AllowedCPUs") or "").strip()
             if allowed:
                 want[unit] = as_cpu_set(allowed)
@@ -464,7 +435,7 @@ def converge(params, run, check, sleep=time.sleep):
     if run is not None and not os.path.isdir(rooted(root, "run/systemd/system")):
         raise SliceError("systemd is not running on this host (no /run/systemd/system): AllowedCPUs= needs systemd as "
                          "PID 1", path="/run/systemd/system", expected="a host booted with systemd")
-    systemd = Systemd(root, run, check)
+    systemd = Systemd(run, check, why="root %s is not /: not run" % root, error=SliceError)
     live = apply(decided, systemd, check, sleep=sleep)
     changes = [a for a in decided["actions"] if a["action"] != "unchanged"]
     warnings = list(decided["warnings"])

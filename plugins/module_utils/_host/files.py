@@ -35,13 +35,6 @@ def rooted(root, path):
     return os.path.join(root, path.lstrip("/"))
 
 
-def systemctl_show(out):
-    """``systemctl show --property=... UNIT...`` output: one dict of properties per unit, in the order asked
-    (systemd separates the units' blocks by an empty line)."""
-    return [dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-            for block in out.strip().split("\n\n")]
-
-
 # ------------------------------------------------------------- plan / apply --
 
 def _current(path):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import Target, is_live, is_live_root, root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 
@@ -27,3 +29,22 @@ def new_module(argument_spec, input_rules, **kwargs):
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True, **kwargs)
     validate_module(module, argument_spec, input_rules)
     return module
+
+
+def module_target(module, commands):
+    """The :class:`_host.target.Target` the module's options name, the same way for every module: ``procfs_path``
+    and ``sysfs_path`` (the kernel's views) and ``root`` (the files under /etc, /usr), each left out meaning the live
+    node. The listed ``commands`` run only when every root given is the live one."""
+    params = module.params
+    procfs, sysfs = params.get("procfs_path") or "/proc", params.get("sysfs_path") or "/sys"
+    root = params.get("root") or root_of(procfs)
+    live = is_live(procfs, sysfs) and is_live_root(root)
+    return Target(root=root, procfs=procfs, sysfs=sysfs, run=module_runner(module, commands) if live else None,
+                  check=module.check_mode, which=module.get_bin_path if live else None,
+                  call=module.run_command if live else None, os_family=(lambda: os_family(module)) if live else None)
+
+
+def os_family(module):
+    """ansible_facts.os_family as setup's distribution subset works it out (the same collector)."""
+    from ansible.module_utils.facts.system.distribution import DistributionFactCollector
+    return DistributionFactCollector().collect(module=module).get("os_family")

@@ -10,7 +10,8 @@ A module reads and writes either the live node (``/proc``, ``/sys``, ``/``: comm
 module decides it here: :func:`is_live` and :func:`is_live_root` (real paths, so a link to ``/proc`` is the live
 system), :func:`runner_for_roots` (commands only on the live system), :func:`check_roots` / :func:`missing_cpu_root`
 / :func:`roots_problem` (a root that is not a procfs/sysfs, or roots of two systems, fail naming the option), and
-:func:`root_of` / :func:`tree_which` (the system root and its tools).
+:func:`root_of` / :func:`tree_which` (the system root and its tools); :class:`Target` carries the decision (roots,
+runner, check mode) through a module's run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import ALLOWED_COMMANDS, TreeError, join, module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.systemd import Systemd
 
 
 def is_live(procfs="/proc", sysfs="/sys"):
@@ -143,3 +145,26 @@ def roots_problem(root, sysfs):
                     option="sysfs_path" if live_root else "root", value={"root": root, "sysfs_path": sysfs},
                     expected="/ and /sys, or T and T/sys of one tree")
     return None
+
+
+class Target(object):
+    """Where a module works, built once by the module (:func:`_host.module.module_target`): the live node or a tree.
+
+    ``root``/``procfs``/``sysfs``: the roots read and written; ``run``: the runner of the allowed commands
+    (:func:`_host.fileio.module_runner`), None on a tree, where no command runs; ``check``: check mode; ``which``:
+    a tool's path or None; ``call``: ``argv -> (rc, out, err)`` for one absolute path the validator passed (an
+    interpreter to probe), live only; ``os_family``: ``() -> ansible_facts.os_family`` of the live node, or None.
+    :meth:`systemd` gives the one systemd wrapper on this target.
+    """
+
+    def __init__(self, root="/", procfs="/proc", sysfs="/sys", run=None, check=False, which=None, call=None,
+                 os_family=None):
+        self.root, self.procfs, self.sysfs = root, procfs, sysfs
+        self.run, self.check, self.call, self.os_family = run, check, call, os_family
+        self.which = which or tree_which(root)
+        self.live = run is not None
+
+    def systemd(self, error=None, why=None):
+        """The :class:`_host.systemd.Systemd` of this target; ``error``: the caller's error class."""
+        kwargs = dict((k, v) for k, v in (("error", error), ("why", why)) if v is not None)
+        return Systemd(self.run, self.check, **kwargs)

@@ -37,8 +37,8 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import 
     marker_bytes,
     plan_files,
     rooted,
-    systemctl_show,
 )
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.systemd import Systemd
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import InputError, check_own_file, check_path
 
 MANAGED_BY = "gpunode.tuning.irqbalance"
@@ -190,7 +190,9 @@ class Unit(object):
     def __init__(self, root, run, check):
         self.root, self.check = root, check
         self.live = run is not None and os.path.isdir(join(root, "run/systemd/system"))
-        self.run, self.actions = run, []
+        self.systemd = Systemd(run if self.live else None, check, error=StateError,
+                               why="no systemd here: not run" if run else "captured tree: not run")
+        self.actions = self.systemd.actions
         self.tree = None if self.live else read_irqbalance(root)
 
     def show(self):
@@ -198,28 +200,17 @@ class Unit(object):
             state = self.tree["unit_file_state"]
             load = "masked" if self.tree["masked"] else ("not-found" if state == "not-found" else "loaded")
             return {"LoadState": load, "ActiveState": self.tree["active_state"], "UnitFileState": state}
-        rc, out, err = self.run(["systemctl", "show", UNIT, "--property=LoadState", "--property=ActiveState",
-                                 "--property=UnitFileState"])
-        if rc != 0:
-            raise StateError("systemctl show %s failed (rc %d): %s" % (UNIT, rc, (err or out).strip()), command="systemctl show")
-        return systemctl_show(out)[0]
+        return self.systemd.show([UNIT], ("LoadState", "ActiveState", "UnitFileState"), strict=True)[UNIT]
 
     def is_enabled(self):
         if not self.live:
             state = self.tree["unit_file_state"]
             return (0 if state == "enabled" else 1), state
-        rc, out, _err = self.run(["systemctl", "is-enabled", UNIT])
-        return rc, (out or "").strip()
+        rc, out, _err = self.systemd.call(["systemctl", "is-enabled", UNIT])
+        return rc, out.strip()
 
     def do(self, action):
-        if self.check or not self.live:
-            self.actions.append(action if self.live else "%s (%s: not run)" % (action, "no systemd here" if self.run else "captured tree"))
-            return
-        rc, out, err = self.run(["systemctl", action, UNIT])
-        if rc != 0:
-            raise StateError("systemctl %s %s failed (rc %d): %s; done before it: %s" % (
-                action, UNIT, rc, (err or out).strip(), ", ".join(self.actions) or "nothing"), command="systemctl %s" % action)
-        self.actions.append(action)
+        self.systemd.do(["systemctl", action, UNIT], label=action)
 
 
 def read_state(root, unit, state_dir, binary=BINARY):
@@ -484,8 +475,3 @@ def converge(params, root, run, check, sysfs=None, detect=None):
     """One pass: read, plan, apply. Returns the module's result (without ``diff``) and the diff list."""
     return finish(prepare(params, root, run, check, sysfs=sysfs, detect=detect))
 
-
-def os_family(module):
-    """ansible_facts.os_family as setup's distribution subset works it out (the same collector)."""
-    from ansible.module_utils.facts.system.distribution import DistributionFactCollector
-    return DistributionFactCollector().collect(module=module).get("os_family")

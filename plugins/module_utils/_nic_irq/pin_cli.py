@@ -56,6 +56,7 @@ import subprocess
 import sys
 import time
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.cli import UsageError, parse_args
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import ALLOWED_COMMANDS, LockError, TreeError
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import pin_lock, run_desired_state
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_KEYS, NicError
@@ -133,27 +134,23 @@ def main(argv=None, run=None, out=None, sleep=time.sleep, clock=time.monotonic):
         return _main(argv, run, out or sys.stdout, sleep, clock, stop)
 
 
+def _wait_seconds(value):
+    """``--wait``'s value: seconds, held between 0 and 30 (ValueError when not a number)."""
+    return min(30.0, max(0.0, float(value)))
+
+
 def _parse(args, out):
     """(check, quiet, wait, path) or None after a usage line."""
-    check, quiet, wait, path = False, False, 5.0, DEFAULT_STATE
-    while args:
-        arg = args.pop(0)
-        if arg == "--check":
-            check = True
-        elif arg == "--quiet":
-            quiet = True
-        elif arg == "--wait" and args:
-            try:
-                wait = min(30.0, max(0.0, float(args.pop(0))))
-            except ValueError:
-                out.write("usage: --wait takes seconds\n")
-                return None
-        elif arg.startswith("-"):
+    try:
+        values, paths = parse_args(args, flags=("--check", "--quiet"), options={"--wait": _wait_seconds})
+    except UsageError as exc:
+        if exc.value is None:
             out.write("usage: _irq_pin_cli [--check] [--quiet] [--wait SECONDS] [STATE.json]\n")
-            return None
         else:
-            path = arg
-    return check, quiet, wait, path
+            out.write("usage: --wait takes seconds\n")
+        return None
+    return (values.get("--check", False), values.get("--quiet", False), values.get("--wait", 5.0),
+            paths[-1] if paths else DEFAULT_STATE)
 
 
 def _read_states(path):

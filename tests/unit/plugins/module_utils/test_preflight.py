@@ -28,6 +28,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._host import payloa
 from ansible_collections.gpunode.tuning.plugins.module_utils._report import preflight as P
 from ansible_collections.gpunode.tuning.plugins.module_utils._report.play_collect import collect_play
 from ansible_collections.gpunode.tuning.plugins.module_utils._report.preflight import PreflightError
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint import staging as _ckpt_staging
 from ansible_collections.gpunode.tuning.plugins.modules import checkpoint_staging, gpu_health
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -248,20 +249,21 @@ class CkptNode:
         monkeypatch.setattr(checkpoint_staging, "UNIT_DIR", str(units))
         running = {}
 
-        def states(_self):
-            return dict((u, dict(running)) for u in _ckpt_install.TRIGGERS)
+        class Units(object):
+            """systemd for the copier's units: enable starts them (no systemd runs as PID 1 here)."""
 
-        def do(systemd, argv, label):
-            systemd.actions.append(label)
-            if not systemd.module.check_mode and argv[1] == "enable":
-                running.update(UnitFileState="enabled", ActiveState="active")
+            def __init__(self, check):
+                self.check, self.actions = check, []
 
-        def init(systemd, module):
-            systemd.module, systemd.actions, systemd.started, systemd.systemctl = module, [], [], "systemctl"
+            def show(self, units, properties=()):
+                return dict((u, dict(running)) for u in units)
 
-        monkeypatch.setattr(checkpoint_staging.Systemd, "__init__", init)
-        monkeypatch.setattr(checkpoint_staging.Systemd, "states", states)
-        monkeypatch.setattr(checkpoint_staging.Systemd, "do", do)
+            def do(self, argv, label=None, undo=()):
+                self.actions.append(label or " ".join(argv[1:]))
+                if not self.check and argv[1] == "enable":
+                    running.update(UnitFileState="enabled", ActiveState="active")
+
+        monkeypatch.setattr(_ckpt_staging, "_systemd", lambda target, state: Units(target.check))
         # The state file must be in a StateDirectory= under /var/lib: here under tmp_path/var.
         monkeypatch.setattr(_ckpt_install, "STATE_ROOT", str(tmp_path / "var"))
         modharness.install_fake_exits(monkeypatch)

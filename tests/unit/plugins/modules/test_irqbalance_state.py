@@ -299,7 +299,7 @@ class FakeSystemd(object):
 
     def __call__(self, argv):
         self.calls.append(argv[1:])
-        assert argv[0] == "systemctl" and argv[2] == "irqbalance.service", argv
+        assert argv[0] == "systemctl" and argv[-1] == "irqbalance.service", argv
         verb = argv[1]
         if verb == "show":
             ufs = "masked" if self.masked else ("enabled" if self.enabled else "disabled")

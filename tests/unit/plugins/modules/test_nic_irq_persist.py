@@ -28,6 +28,11 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._host import files 
 from ansible_collections.gpunode.tuning.plugins.module_utils._host import payload as _payload
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import PIN_LOCK
 from ansible_collections.gpunode.tuning.plugins.modules import nic_irq_persist
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import PersistError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.systemd import Systemd
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import Target
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq import persist_run
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.persist import TIMER, UNIT
 
 
 pytestmark = pytest.mark.usefixtures("fake_exits_json")
@@ -373,13 +378,13 @@ def test_bad_irqbalance_input_fails_before_any_pin_or_file_is_written(lab):
     assert {p: open(p).read() for p in affinity} == affinity
 
 
-class _ShowModule(object):
+class _ShowRun(object):
     """What ``systemctl show --property=Id,UnitFileState,ActiveState A B`` printed on the lab's Debian 12 guest."""
 
     def __init__(self, out, rc=0):
         self.out, self.rc, self.calls = out, rc, []
 
-    def run_command(self, argv, environ_update=None):
+    def __call__(self, argv):
         self.calls.append(argv)
         return self.rc, self.out, ""
 
@@ -391,13 +396,13 @@ class _ShowModule(object):
      "Id=gpunode-nic-irq-affinity.timer\nActiveState=inactive\nUnitFileState=\n", "", ("", "inactive")),
 ])
 def test_unit_states_are_read_in_one_systemctl_call(out, unit_state, timer_state):
-    fake = _ShowModule(out)
-    found = nic_irq_persist.Systemd(fake, True, False).states(nic_irq_persist.UNIT, nic_irq_persist.TIMER)
+    fake = _ShowRun(out)
+    found = Systemd(fake, False).show([UNIT, TIMER])
     assert len(fake.calls) == 1 and fake.calls[0][:2] == ["systemctl", "show"]
-    assert found[nic_irq_persist.UNIT]["UnitFileState"] == unit_state
-    assert (found[nic_irq_persist.TIMER]["UnitFileState"], found[nic_irq_persist.TIMER]["ActiveState"]) == timer_state
+    assert found[UNIT]["UnitFileState"] == unit_state
+    assert (found[TIMER]["UnitFileState"], found[TIMER]["ActiveState"]) == timer_state
     # systemctl failing reads as "not enabled" (the run then enables), never as enabled.
-    assert nic_irq_persist.Systemd(_ShowModule("", rc=1), True, False).states(nic_irq_persist.UNIT) == {}
+    assert Systemd(_ShowRun("", rc=1), False).show([UNIT]).get(UNIT, {}).get("UnitFileState") is None
 
 
 @pytest.mark.parametrize("failing_call", [1, 3], ids=["first-file", "third-file"])
@@ -444,7 +449,7 @@ def test_a_pin_that_cannot_be_put_back_is_named_and_the_run_reports_changed(lab,
     def failing(path, data, mode):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(nic_irq_persist, "run_desired_state", pin_then_break_one)
+    monkeypatch.setattr(persist_run, "run_desired_state", pin_then_break_one)
     monkeypatch.setattr(_persist, "write_atomic", failing)
     kind, res = run(args(lab))
     monkeypatch.setattr(_persist, "write_atomic", real)
@@ -493,6 +498,12 @@ elif args and args[0] in ("enable", "disable", "start", "stop"):
 UNIT_NAME, TIMER_NAME = "gpunode-nic-irq-affinity.service", "gpunode-nic-irq-affinity.timer"
 
 
+def _path_runner(argv):
+    """systemctl/udevadm from PATH (the stand-ins), as the module's runner runs them."""
+    done = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, LC_ALL="C"))
+    return done.returncode, done.stdout, done.stderr
+
+
 @pytest.fixture
 def systemd(tmp_path, monkeypatch):
     """systemctl and udevadm as stand-ins on PATH, and the module's Systemd live as on a node (the tree's IRQs and
@@ -506,8 +517,9 @@ def systemd(tmp_path, monkeypatch):
         (bin_dir / name).write_text(STAND_IN % paths)
         (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ.get("PATH", "/usr/bin:/bin")))
-    real = nic_irq_persist.Systemd
-    monkeypatch.setattr(nic_irq_persist, "Systemd", lambda module, live, check: real(module, True, check))
+    # The tree's target has no runner (no command runs on a tree): its systemd alone gets the stand-ins' runner.
+    monkeypatch.setattr(Target, "systemd", lambda target, error=None, why=None: Systemd(
+        _path_runner, target.check, error=error or PersistError))
     return paths
 
 
@@ -647,8 +659,8 @@ def test_the_pin_lock_is_held_from_the_pins_through_the_state_file_to_the_read_b
         return wrapper
 
     monkeypatch.setattr(_irq_affinity, "apply_plan", watch("pins", _irq_affinity.apply_plan))
-    monkeypatch.setattr(nic_irq_persist, "apply_files", watch("files", nic_irq_persist.apply_files))
-    monkeypatch.setattr(nic_irq_persist, "verify_pins", watch("read-back", nic_irq_persist.verify_pins))
+    monkeypatch.setattr(persist_run, "apply_files", watch("files", persist_run.apply_files))
+    monkeypatch.setattr(persist_run, "verify_pins", watch("read-back", persist_run.verify_pins))
     kind, res = run(args(lab))
     assert kind is Exit and res["changed"] is True and res["verified"] is True, res
     assert [name for name, locked in held] == ["pins", "files", "read-back"], held
