@@ -268,12 +268,10 @@ drift:
 # Imported so that AnsiballZ ships the copier's command line (and its import closure) with this module: the
 # library installed on the node is built from those files (_host.payload.library_files).
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.cli import main as _copier_main  # noqa: F401
-from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.config import CopierError
-from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.install import UNIT_DIR, InstallError
+from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.install import UNIT_DIR
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.staging import converge
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import PersistError
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["present", "absent"], default="present"),
@@ -316,12 +314,7 @@ INPUT_RULES = {
 
 def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES)
-    try:
-        result, diff = converge(module.params, module_target(module, commands=("systemctl",)))
-    except (CopierError, InstallError, PersistError) as exc:
-        details = dict(exc.details)
-        details.setdefault("changed", False)
-        module.fail_json(msg=str(exc), **details)
+    result, diff = run_or_fail(module, converge, module.params, module_target(module, commands=("systemctl",)))
     exit_with(module, result, diff)
 
 

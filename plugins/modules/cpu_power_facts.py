@@ -353,8 +353,8 @@ ansible_facts:
   type: dict
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.power import CpuPowerError, cpu_power_facts
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.power import cpu_power_facts
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, runner_for_roots
 
 ARGUMENT_SPEC = dict(
@@ -386,10 +386,7 @@ def main():
     if failure:
         module.fail_json(**failure)
     run = runner_for_roots(module, params["procfs_path"], params["sysfs_path"], commands=("nvidia-smi",))
-    try:
-        facts = cpu_power_facts(params, run)
-    except CpuPowerError as exc:
-        module.fail_json(msg=str(exc), **exc.details)
+    facts = run_or_fail(module, cpu_power_facts, params, run)
     module.exit_json(changed=False, ansible_facts={"cpu_power": facts}, **facts)
 
 

@@ -274,8 +274,8 @@ warnings:
   elements: str
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
-from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.cpuset_slices import ARGUMENT_SPEC, MUTUALLY_EXCLUSIVE, SliceError, converge
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
+from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.cpuset_slices import ARGUMENT_SPEC, MUTUALLY_EXCLUSIVE, converge
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root, roots_problem
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
 
@@ -299,10 +299,7 @@ def main():
     if failure:
         module.fail_json(changed=False, **failure)
     run = module_runner(module, commands=("systemctl",)) if is_live_root(params["root"]) else None
-    try:
-        result, diff = converge(params, run, module.check_mode)
-    except SliceError as exc:
-        module.fail_json(msg=str(exc), changed=False, **exc.details)
+    result, diff = run_or_fail(module, converge, params, run, module.check_mode)
     exit_with(module, result, diff, result.pop("warnings"))
 
 

@@ -112,10 +112,10 @@ sources:
   type: dict
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live
-from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.health import GpuHealthError, gpu_health
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.health import gpu_health
 
 ARGUMENT_SPEC = dict(
     dcgm_level=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
@@ -133,10 +133,8 @@ def main():
     params = module.params
     live = is_live(sysfs=params["sysfs_path"])
     run = module_runner(module, commands=("nvidia-smi", "dcgmi")) if live else None
-    try:
-        result = gpu_health(params["sysfs_path"], run, params["nvidia_smi_xml_path"], params["dcgm_level"], params["dcgmi_output_path"])
-    except GpuHealthError as exc:
-        module.fail_json(msg=str(exc), **exc.details)
+    result = run_or_fail(module, gpu_health, params["sysfs_path"], run, params["nvidia_smi_xml_path"], params["dcgm_level"],
+                         params["dcgmi_output_path"])
     module.exit_json(changed=False, **result)
 
 

@@ -185,10 +185,10 @@ plan:
       sample: ["0000:42:01.0"]
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import root_of
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance import IrqbalanceError, plan_ban, read_irqbalance
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance import plan_ban, read_irqbalance
 
 ARGUMENT_SPEC = dict(
     banned_cpus=dict(type="raw", default=[]),
@@ -214,10 +214,8 @@ def main():
         module.fail_json(**failure)
     run = runner_for_roots(module, procfs, sysfs)
     state = read_irqbalance(root_of(procfs), run=run, sysfs=sysfs, config_file=params["config_file"] or None)
-    try:
-        plan = plan_ban(state, params["banned_cpus"], ban_isolated=params["ban_isolated"], banned_devices=params["banned_devices"])
-    except IrqbalanceError as exc:
-        module.fail_json(msg=str(exc), **exc.details)
+    plan = run_or_fail(module, plan_ban, state, params["banned_cpus"], ban_isolated=params["ban_isolated"],
+                       banned_devices=params["banned_devices"])
     module.exit_json(changed=False, ansible_facts={"irqbalance": state}, plan=plan)
 
 

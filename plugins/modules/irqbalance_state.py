@@ -186,10 +186,10 @@ ansible_facts:
   type: dict
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, roots_mixed
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance_state import SETTINGS_SPEC, StateError, converge
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance_state import SETTINGS_SPEC, converge
 
 ARGUMENT_SPEC = dict(
     SETTINGS_SPEC,
@@ -217,11 +217,8 @@ def main():
         module.fail_json(msg="%s: give both roots of one tree (T/proc and T/sys) or neither" % why, option="procfs_path",
                          value={"procfs_path": procfs, "sysfs_path": sysfs})
     target = module_target(module, commands=("systemctl",))
-    try:
-        result, diff = converge(params, target.root, target.run, target.check, sysfs=target.sysfs,
-                                detect=target.os_family)
-    except StateError as exc:
-        module.fail_json(msg=str(exc), changed=False, **exc.details)
+    result, diff = run_or_fail(module, converge, params, target.root, target.run, target.check, sysfs=target.sysfs,
+                               detect=target.os_family)
     exit_with(module, result, diff)
 
 

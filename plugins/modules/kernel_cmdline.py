@@ -266,13 +266,12 @@ msg:
   type: str
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import (
     ARGUMENT_SPEC, COMMANDS, MUTUALLY_EXCLUSIVE, REQUIRED_ONE_OF, TREE_COMMANDS, converge)
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import tree_which
-from ansible_collections.gpunode.tuning.plugins.module_utils._boot.args import KernelCmdlineError
 
 
 INPUT_RULES = {
@@ -290,10 +289,7 @@ def main():
     live = is_live_root(params["root"])
     which = module.get_bin_path if live else tree_which(params["root"])
     run = module_runner(module, commands=COMMANDS if live else TREE_COMMANDS)
-    try:
-        result, diff = converge(params, run, module.check_mode, live, which, procfs=params["procfs_path"])
-    except KernelCmdlineError as exc:
-        module.fail_json(msg=str(exc), changed=False, **exc.details)
+    result, diff = run_or_fail(module, converge, params, run, module.check_mode, live, which, procfs=params["procfs_path"])
     exit_with(module, result, diff, result.pop("warnings"))
 
 

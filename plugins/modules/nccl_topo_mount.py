@@ -212,10 +212,10 @@ nccl_log_status:
   type: str
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root
-from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nccl_topo import ARGUMENT_SPEC, REQUIRED_IF, TopoError, converge
+from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nccl_topo import ARGUMENT_SPEC, REQUIRED_IF, converge
 
 
 INPUT_RULES = {
@@ -232,10 +232,7 @@ def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES, required_if=REQUIRED_IF)
     params = module.params
     run = module_runner(module, commands=("podman", "enroot")) if is_live_root(params["root"]) else None
-    try:
-        result, diff = converge(params, run, module.check_mode)
-    except TopoError as exc:
-        module.fail_json(msg=str(exc), changed=False, **exc.details)
+    result, diff = run_or_fail(module, converge, params, run, module.check_mode)
     exit_with(module, result, diff, result.pop("warnings"))
 
 

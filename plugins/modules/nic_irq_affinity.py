@@ -255,12 +255,11 @@ irqbalance:
       type: str
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError, exit_with
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import DESIRED_KEYS, PIN_ARGUMENT_SPEC, run_desired_state
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_plan import AffinityError
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE
 
 ARGUMENT_SPEC = dict(SELECTOR_ARGUMENT_SPEC, **PIN_ARGUMENT_SPEC)
 
@@ -278,13 +277,8 @@ def main():
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
     desired = dict((key, params[key]) for key in DESIRED_KEYS)
-    try:
-        result = run_desired_state(desired, check_mode=module.check_mode, procfs=procfs, sysfs=sysfs,
-                                   run=runner_for_roots(module, procfs, sysfs))
-    except (AffinityError, NicError, TreeError) as exc:
-        details = dict(exc.details)
-        details.setdefault("changed", False)   # True only when a rollback could not put something back
-        module.fail_json(msg=str(exc), **details)
+    result = run_or_fail(module, run_desired_state, desired, check_mode=module.check_mode, procfs=procfs, sysfs=sysfs,
+                         run=runner_for_roots(module, procfs, sysfs))
     warnings = result.pop("warnings")
     rps_diff = result.pop("rps_diff")
     diff = result.pop("diff")

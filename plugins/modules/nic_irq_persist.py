@@ -288,14 +288,12 @@ irqbalance_state:
 
 # Imported so that AnsiballZ ships the entry point's whole import closure, which is installed from this payload.
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_cli import main as _entry_point_main  # noqa: F401
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import LockError, TreeError, exit_with
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import PersistError
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import PIN_ARGUMENT_SPEC
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance_state import SETTINGS_SPEC, StateError
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.persist_run import check_params, converge
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_plan import AffinityError
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance_state import SETTINGS_SPEC
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.persist_run import converge
 
 ARGUMENT_SPEC = dict(
     SELECTOR_ARGUMENT_SPEC,
@@ -323,13 +321,8 @@ INPUT_RULES = {
 
 def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES, mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE + [("cpus", "count")])
-    try:
-        check_params(module.params)
-        out, warnings, diff = converge(module.params, module_target(module, ("ethtool", "ip", "systemctl", "udevadm")))
-    except (AffinityError, NicError, TreeError, PersistError, StateError, LockError) as exc:
-        details = dict(exc.details)
-        details.setdefault("changed", False)
-        module.fail_json(msg=str(exc), **details)
+    target = module_target(module, ("ethtool", "ip", "systemctl", "udevadm"))
+    out, warnings, diff = run_or_fail(module, converge, module.params, target)
     exit_with(module, out, diff, warnings)
 
 

@@ -180,8 +180,7 @@ verified:
   elements: dict
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._slurm.cpuspec import ARGUMENT_SPEC, converge
 
@@ -191,11 +190,8 @@ INPUT_RULES = {}
 
 def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES)
-    try:
-        result, diff, warnings = converge(module.params, module.check_mode, backup=module.backup_local,
-                                          run=module_runner(module, commands=("scontrol",)))
-    except DetailedError as exc:
-        module.fail_json(msg=str(exc), changed=False, **exc.details)
+    result, diff, warnings = run_or_fail(module, converge, module.params, module.check_mode, backup=module.backup_local,
+                                         run=module_runner(module, commands=("scontrol",)))
     exit_with(module, result, diff, warnings)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import Target, is_live, is_live_root, root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
@@ -48,3 +49,21 @@ def os_family(module):
     """ansible_facts.os_family as setup's distribution subset works it out (the same collector)."""
     from ansible.module_utils.facts.system.distribution import DistributionFactCollector
     return DistributionFactCollector().collect(module=module).get("os_family")
+
+
+def fail_with(module, exc):
+    """``fail_json`` with a :class:`_host.errors.DetailedError`'s message and details (the option, the value, what
+    was expected, the path); ``changed`` is False unless the error says otherwise (a rollback that could not put
+    something back)."""
+    details = dict(exc.details)
+    details.setdefault("changed", False)
+    module.fail_json(msg=str(exc), **details)
+
+
+def run_or_fail(module, step, *args, **kwargs):
+    """``step(*args, **kwargs)``, the module's one call into its feature; every error of the collection it raises
+    (all derive from :class:`_host.errors.DetailedError`) fails the module through :func:`fail_with`."""
+    try:
+        return step(*args, **kwargs)
+    except DetailedError as exc:
+        fail_with(module, exc)

@@ -332,5 +332,6 @@ def _remove(target, params, procfs, sysfs, run):
 def converge(params, target):
     """One run of the module: ``params`` as its options (checked by :func:`check_params`), ``target`` the live node
     or a captured tree (:class:`_host.target.Target`). Returns (result, warnings, diff)."""
+    check_params(params)
     step = _absent if params["state"] == "absent" else _present
     return step(target, params, target.procfs, target.sysfs, target.run)
