@@ -75,6 +75,15 @@ def _read_config(path):
         return None
 
 
+def _read_given(option, path, read, expected, sources):
+    """The text of a file an option names (``read`` it), its source noted; one that cannot be read fails naming it."""
+    data = read(path)
+    if data is None:
+        raise PlatformError("%s %s cannot be read" % (option, path), option=option, value=path, expected=expected)
+    sources[option[:-len("_path")]] = path
+    return data
+
+
 def gather_inputs(procfs="/proc", run=None, kernel_log_path=None, kernel_config_path=None, page_size=None):
     """What :func:`platform_facts` needs from commands and files: ``{"machine", "page_size", "kernel_log",
     "kernel_config", "sources": {name: where it came from}}``.
@@ -97,11 +106,8 @@ def gather_inputs(procfs="/proc", run=None, kernel_log_path=None, kernel_config_
         sources["page_size"] = "page_size"
     kernel_log = None
     if kernel_log_path:
-        kernel_log = read_text(kernel_log_path)
-        if kernel_log is None:
-            raise PlatformError("kernel_log_path %s cannot be read" % kernel_log_path, option="kernel_log_path",
-                                value=kernel_log_path, expected="a readable file with the kernel log (dmesg)")
-        sources["kernel_log"] = kernel_log_path
+        kernel_log = _read_given("kernel_log_path", kernel_log_path, read_text, "a readable file with the kernel log (dmesg)",
+                                 sources)
     elif run is not None:
         for argv in (["journalctl", "-k", "-b", "-o", "cat", "--no-pager", "-q"], ["dmesg"]):
             rc, out, _err = run(argv)
@@ -110,11 +116,8 @@ def gather_inputs(procfs="/proc", run=None, kernel_log_path=None, kernel_config_
                 break
     kernel_config = None
     if kernel_config_path:
-        kernel_config = _read_config(kernel_config_path)
-        if kernel_config is None:
-            raise PlatformError("kernel_config_path %s cannot be read" % kernel_config_path, option="kernel_config_path",
-                                value=kernel_config_path, expected="a readable kernel config (config-<release> or config.gz)")
-        sources["kernel_config"] = kernel_config_path
+        kernel_config = _read_given("kernel_config_path", kernel_config_path, _read_config,
+                                    "a readable kernel config (config-<release> or config.gz)", sources)
     else:
         root = os.path.dirname(os.path.realpath(procfs))
         release = (read_text(join(procfs, "sys/kernel/osrelease")) or "").strip()

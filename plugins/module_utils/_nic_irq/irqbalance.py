@@ -91,21 +91,15 @@ def effective_ban(values, isolated, nohz_full, notes):
     cannot parse gets a note and counts as banning nothing (irqbalance zeroes
     the mask before parsing and keeps only the CPUs before the bad character).
     """
-    mask = values.get("IRQBALANCE_BANNED_CPUS", "")
-    if mask:
-        try:
-            return parse_cpumask(mask), "IRQBALANCE_BANNED_CPUS"
-        except CpuListError as exc:
-            notes.append("cannot parse IRQBALANCE_BANNED_CPUS=%r: %s" % (mask, exc))
-            return [], "IRQBALANCE_BANNED_CPUS"
-    cpulist = values.get("IRQBALANCE_BANNED_CPULIST")
-    if cpulist:
-        try:
-            return parse_cpulist(cpulist), "IRQBALANCE_BANNED_CPULIST"
-        except CpuListError as exc:
-            notes.append("cannot parse IRQBALANCE_BANNED_CPULIST=%r: %s" % (cpulist, exc))
-            return [], "IRQBALANCE_BANNED_CPULIST"
-    if cpulist is not None:
+    for key, parse in (("IRQBALANCE_BANNED_CPUS", parse_cpumask), ("IRQBALANCE_BANNED_CPULIST", parse_cpulist)):
+        text = values.get(key)
+        if text:
+            try:
+                return parse(text), key
+            except CpuListError as exc:
+                notes.append("cannot parse %s=%r: %s" % (key, text, exc))
+                return [], key
+    if values.get("IRQBALANCE_BANNED_CPULIST") is not None:
         notes.append(
             "IRQBALANCE_BANNED_CPULIST is set but empty: irqbalance up to 1.9.5 then bans the isolated and nohz_full CPUs,"
             " later versions ban no CPU"

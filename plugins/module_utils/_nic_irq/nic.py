@@ -334,6 +334,11 @@ def _by_default_route(procfs, by_name, eligible, notes):
     return matches, what, names
 
 
+# The selectors that name one address of the NIC: the key (in the selector and in each candidate), how a value is
+# normalised, how the messages name it.
+_BY_ADDRESS = (("pci_address", normalize_pci, "PCI function %s"), ("mac", normalize_mac, "MAC %s"))
+
+
 def select_interface(selector, procfs="/proc", sysfs="/sys", run=None):
     """Return ``(interface, how, notes)`` for a selector dict, or raise NicError (TreeError for unreadable /proc/net)."""
     check_selector(selector)
@@ -361,18 +366,13 @@ def select_interface(selector, procfs="/proc", sysfs="/sys", run=None):
                 expected="one of: " + _candidates_text(eligible), candidates=[e["interface"] for e in eligible],
             )
         return name, "interface", notes
-    if "pci_address" in selector:
-        pci = normalize_pci(selector["pci_address"])
-        matches = [e for e in eligible if e["pci_address"] == pci]
-        how = "pci_address"
-        what = "PCI function %s" % pci
-        value = selector["pci_address"]
-    elif "mac" in selector:
-        mac = normalize_mac(selector["mac"])
-        matches = [e for e in eligible if e["mac"] == mac]
-        how = "mac"
-        what = "MAC %s" % mac
-        value = selector["mac"]
+    keyed = [(key, normal, label) for key, normal, label in _BY_ADDRESS if key in selector]
+    if keyed:
+        how, normal, label = keyed[0]
+        value = selector[how]
+        wanted = normal(value)
+        matches = [e for e in eligible if e[how] == wanted]
+        what = label % wanted
     elif "cidr" in selector:
         value = selector["cidr"]
         matches, what = _by_cidr(value, by_name, procfs, run, notes)

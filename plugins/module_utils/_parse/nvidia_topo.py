@@ -125,9 +125,8 @@ def _row_links(label, tokens, devices, line):
 def _read_sections(lines, devices):
     """The lines after the header: the matrix rows (``{device: (links, rest, line)}``), then the ``Legend:`` and
     ``NIC Legend:`` sections; anything else ends the section it is in (a prompt, the next command)."""
-    rows = {}
-    legend = {}
-    nic_legend = {}
+    rows, legend, nic_legend = {}, {}, {}
+    legends = {"legend": (_LEGEND_RE, legend), "nic_legend": (_NIC_LEGEND_RE, nic_legend)}
     section = "matrix"
     for line in lines:
         stripped = line.strip()
@@ -147,16 +146,11 @@ def _read_sections(lines, devices):
                 rows[tokens[0]] = _row_links(tokens[0], tokens[1:], devices, line) + (line,)
             else:
                 section = "after"  # the matrix ended (prompt, next command)
-        elif section == "legend":
-            match = _LEGEND_RE.match(line)
+        elif section in legends:
+            pattern, entries = legends[section]
+            match = pattern.match(line)
             if match:
-                legend[match.group(1)] = match.group(2)
-            else:
-                section = "after"
-        elif section == "nic_legend":
-            match = _NIC_LEGEND_RE.match(line)
-            if match:
-                nic_legend[match.group(1)] = match.group(2)
+                entries[match.group(1)] = match.group(2)
             else:
                 section = "after"
     return rows, legend, nic_legend

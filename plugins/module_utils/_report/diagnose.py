@@ -7,17 +7,29 @@
 Private module_utils of gpunode.tuning, standard library only; runs on the controller (the diagnose_* filters are
 thin wrappers). ``diagnose_collect(results, generated_at)`` turns ``{host: {"softnet": <softnet_check result>,
 "nic": <nic_irq_facts result>}}`` into one report dict, hosts worst first; ``diagnose_markdown``,
-``diagnose_html``, ``diagnose_summary`` and ``diagnose_lines`` render it. Text is escaped the way the cluster
-report escapes it (``_report.render.md_escape``, ``html.escape``).
+``diagnose_html``, ``diagnose_summary`` and ``diagnose_lines`` render it. They are written with the pieces the
+cluster report (preflight, drift) is written with: ``_report.render``'s Markdown escape, headings, sections, tables
+and list items, its HTML escape, badges, header rows and page frame, and ``_report.cluster.counted``; what is left
+here is what only this report shows (the verdict rules, the facts under a host, the strip of per-CPU cells).
 """
 
 from __future__ import annotations
 
-import html
-
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import format_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._report.render import md_escape
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.cluster import counted
+from ansible_collections.gpunode.tuning.plugins.module_utils._report.render import (
+    html_badge,
+    html_escape,
+    html_header_row,
+    html_page_close,
+    html_page_open,
+    md_escape,
+    md_heading,
+    md_item,
+    md_section,
+    md_table,
+)
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.verdict import (
     DEFAULT_THRESHOLDS,
     RULES,
@@ -153,6 +165,10 @@ def _rule_findings(report):
     return rules.get("findings") or describe_findings(placeholder="%s")
 
 
+def _verdict_text(verdict):
+    return VERDICT_TEXT.get(verdict, verdict)
+
+
 def _finding_text(finding):
     return "%s: %s. Remedy: %s" % (finding.get("title"), finding.get("reason"), finding.get("remedy"))
 
@@ -183,11 +199,42 @@ def _decided_by(entry):
     return None if number is None else "decided by rule %d (%s)" % (number, entry["verdict_rule"])
 
 
+def _facts(entry, page=False):
+    """The facts under a host's heading, one source for the Markdown and the HTML (``page``): interface, PCI
+    address and driver; on the page the IRQ CPUs; where the IRQ CPUs came from; in Markdown the sample's length, on
+    the page the link speed; the rule that decided."""
+    facts = ["%s %s" % (label, entry[key]) for label, key in (("interface", "interface"), ("PCI", "pci_address"),
+                                                               ("driver", "driver")) if entry[key]]
+    if page:
+        facts.append("IRQ CPUs %s" % (_cpulist(entry["irq_cpus"]) or "none"))
+    facts.append(_irq_source(entry))
+    if not page and entry["interval"] is not None:
+        facts.append("sampled over %s s" % _num(entry["interval"], 3))
+    if page and entry["link_speed_mbps"]:
+        facts.append("link %s Mbit/s" % _num(entry["link_speed_mbps"]))
+    facts.append(_decided_by(entry))
+    return [fact for fact in facts if fact]
+
+
+def _overview(entry):
+    """A host's cells in the overview table, in the order of :data:`_OVERVIEW` (plain text, not yet escaped)."""
+    return (_verdict_text(entry["verdict"]), entry["interface"] or "?", _cpulist(entry["irq_cpus"]) or "none",
+            _cpulist(entry["hot_cpus"]) or "none", _num(entry["squeeze_irq_per_10s"]),
+            "?" if entry["link_util_pct"] is None else "%s %%" % _num(entry["link_util_pct"], 2))
+
+
+_TITLE = "NIC IRQ / compute contention: cluster diagnosis"
+_OVERVIEW = ("host", "verdict", "interface", "IRQ CPUs", "hot CPUs", "squeezes/10 s on IRQ CPUs", "link use")
+_RULES_HEADER = ("rule", "when", "verdict")
+_FINDINGS_HEADER = ("finding", "when", "remedy")
+_BESIDE = "Reported beside the verdict, whatever it is:"
+
+
 def diagnose_summary(report):
     """One line: host counts per verdict."""
     counts = report["counts"]
     parts = ["%d %s" % (counts.get(verdict, 0), VERDICT_TEXT[verdict]) for verdict in VERDICT_ORDER]
-    return "%d host%s: %s" % (report["host_count"], "" if report["host_count"] == 1 else "s", ", ".join(parts))
+    return "%s: %s" % (counted(report["host_count"], "host"), ", ".join(parts))
 
 
 def diagnose_lines(report, limit=10):
@@ -195,82 +242,65 @@ def diagnose_lines(report, limit=10):
     verdict and reasons, then how many more there are."""
     lines = [diagnose_summary(report)]
     for entry in report["hosts"][: int(limit)]:
-        lines.append("%s: %s: %s" % (entry["host"], VERDICT_TEXT.get(entry["verdict"], entry["verdict"]),
+        lines.append("%s: %s: %s" % (entry["host"], _verdict_text(entry["verdict"]),
                                      "; ".join(entry["reasons"] + ["finding: " + _finding_text(finding)
                                                                    for finding in entry["findings"]])))
     more = len(report["hosts"]) - int(limit)
     if more > 0:
-        lines.append("... and %d more host%s in the report" % (more, "" if more == 1 else "s"))
+        lines.append("... and %s in the report" % counted(more, "more host"))
+    return lines
+
+
+# --- Markdown (cluster.md) --------------------------------------------------------------------------------------
+
+
+def _md_rules(report):
+    rules, intro = _rules_intro(report)
+    lines = md_section("How the verdict is decided") + [md_escape(intro), ""]
+    lines += md_table(_RULES_HEADER, [(rule["number"], rule["condition"], VERDICT_TEXT[rule["verdict"]]) for rule in rules])
+    lines += ["", _BESIDE, ""]
+    lines += md_table(_FINDINGS_HEADER, [(finding["title"], finding["condition"], finding["remedy"])
+                                         for finding in _rule_findings(report)])
+    return lines
+
+
+def _md_overview(entry):
+    cells = _overview(entry)
+    return (entry["host"], "**%s**" % cells[0]) + cells[1:]
+
+
+def _md_host(entry):
+    """One host's section: heading, facts, reasons, findings, notes."""
+    lines = md_section("%s: %s" % (entry["host"], _verdict_text(entry["verdict"])), level=3)
+    facts = _facts(entry)
+    if facts:
+        lines += [md_escape(", ".join(facts) + "."), ""]
+    lines += [md_item(reason) for reason in entry["reasons"]]
+    lines += [md_item(_finding_text(finding), "**finding**: ") for finding in entry["findings"]]
+    notes = _host_notes(entry)
+    if notes:
+        lines += [""] + [md_item(note, "note: ") for note in notes]
     return lines
 
 
 def diagnose_markdown(report):
-    """cluster.md: counts, one table row per host (worst first), then each host's reasons."""
-    lines = [
-        "# NIC IRQ / compute contention: cluster diagnosis",
-        "",
-        "Generated %s. %s." % (report.get("generated_at") or "", diagnose_summary(report)),
-        "",
-        "| verdict | hosts |",
-        "|---|---|",
-    ]
-    for verdict in VERDICT_ORDER:
-        lines.append("| %s | %d |" % (VERDICT_TEXT[verdict], report["counts"].get(verdict, 0)))
-    rules, intro = _rules_intro(report)
-    lines += ["", "## How the verdict is decided", "", intro, "", "| rule | when | verdict |", "|---|---|---|"]
-    for rule in rules:
-        lines.append("| %d | %s | %s |" % (rule["number"], md_escape(rule["condition"]), VERDICT_TEXT[rule["verdict"]]))
-    lines += ["", "Reported beside the verdict, whatever it is:", "", "| finding | when | remedy |", "|---|---|---|"]
-    for finding in _rule_findings(report):
-        lines.append("| %s | %s | %s |" % (md_escape(finding["title"]), md_escape(finding["condition"]),
-                                           md_escape(finding["remedy"])))
-    lines += [
-        "",
-        "## Hosts, worst first",
-        "",
-        "| host | verdict | interface | IRQ CPUs | hot CPUs | squeezes/10 s on IRQ CPUs | link use |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    """cluster.md: counts, the verdict rules, one table row per host (worst first), then each host's section."""
+    lines = [md_heading(_TITLE), "",
+             "Generated %s. %s." % (md_escape(report.get("generated_at") or ""), md_escape(diagnose_summary(report))), ""]
+    lines += md_table(("verdict", "hosts"), [(VERDICT_TEXT[verdict], report["counts"].get(verdict, 0))
+                                            for verdict in VERDICT_ORDER])
+    lines += _md_rules(report)
+    lines += md_section("Hosts, worst first")
+    lines += md_table(_OVERVIEW, [_md_overview(entry) for entry in report["hosts"]])
     for entry in report["hosts"]:
-        util = "?" if entry["link_util_pct"] is None else "%s %%" % _num(entry["link_util_pct"], 2)
-        lines.append(
-            "| %s | **%s** | %s | %s | %s | %s | %s |"
-            % (
-                md_escape(entry["host"]),
-                VERDICT_TEXT.get(entry["verdict"], entry["verdict"]),
-                md_escape(entry["interface"] or "?"),
-                _cpulist(entry["irq_cpus"]) or "none",
-                _cpulist(entry["hot_cpus"]) or "none",
-                _num(entry["squeeze_irq_per_10s"]),
-                util,
-            )
-        )
-    for entry in report["hosts"]:
-        lines += ["", "### %s: %s" % (entry["host"], VERDICT_TEXT.get(entry["verdict"], entry["verdict"])), ""]
-        detail = []
-        if entry["interface"]:
-            detail.append("interface %s" % entry["interface"])
-        if entry["pci_address"]:
-            detail.append("PCI %s" % entry["pci_address"])
-        if entry["driver"]:
-            detail.append("driver %s" % entry["driver"])
-        if _irq_source(entry):
-            detail.append(_irq_source(entry))
-        if entry["interval"] is not None:
-            detail.append("sampled over %s s" % _num(entry["interval"], 3))
-        if _decided_by(entry):
-            detail.append(_decided_by(entry))
-        if detail:
-            lines += [", ".join(detail) + ".", ""]
-        lines += ["- %s" % md_escape(reason) for reason in entry["reasons"]]
-        lines += ["- **finding**: %s" % md_escape(_finding_text(finding)) for finding in entry["findings"]]
-        if _host_notes(entry):
-            lines += [""] + ["- note: %s" % md_escape(note) for note in _host_notes(entry)]
+        lines += _md_host(entry)
     return "\n".join(lines) + "\n"
 
 
+# --- HTML (cluster.html) ----------------------------------------------------------------------------------------
+
+# After _report.render.BASE_CSS.
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:1.5em;color:#1d1d1f;background:#fff}
 h1{font-size:1.4em}h2{font-size:1.15em;margin:1.4em 0 .3em}
 .counts span{display:inline-block;margin-right:1em}
 .badge{display:inline-block;padding:.1em .5em;border-radius:.3em;font-weight:600;color:#fff}
@@ -323,34 +353,35 @@ def _cell(row, irq_cpus, hot_cpus):
         '<span class="id">%s</span>%s<br>s %s%%<br>u %s%%<br>q %s</div>'
         % (
             " ".join(classes),
-            html.escape(str(cpu)),
-            html.escape(_num(soft)),
-            html.escape(_num(usr)),
-            html.escape(_num(squeeze)),
-            html.escape(title),
-            html.escape(str(cpu)),
+            html_escape(str(cpu)),
+            html_escape(_num(soft)),
+            html_escape(_num(usr)),
+            html_escape(_num(squeeze)),
+            html_escape(title),
+            html_escape(str(cpu)),
             "".join(marks),
-            html.escape(_num(soft)),
-            html.escape(_num(usr, 0)),
-            html.escape(_num(squeeze, 0)),
+            html_escape(_num(soft)),
+            html_escape(_num(usr, 0)),
+            html_escape(_num(squeeze, 0)),
         )
     )
 
 
+def _verdict_badge(verdict):
+    return html_badge("v-%s" % verdict, _verdict_text(verdict))
+
+
 def _html_rules(report):
     """The page's section on how the verdict is decided: the rules in order, then the findings beside them."""
-    esc = html.escape
-    out = []
+    esc = html_escape
     rules, intro = _rules_intro(report)
-    out.append('<section class="rules" id="rules"><h2>How the verdict is decided</h2><p>%s</p>' % esc(intro))
-    out.append('<table class="rules"><tr><th>rule</th><th>when</th><th>verdict</th></tr>')
+    out = ['<section class="rules" id="rules"><h2>How the verdict is decided</h2><p>%s</p>' % esc(intro),
+           '<table class="rules">%s' % html_header_row(_RULES_HEADER)]
     for rule in rules:
-        out.append('<tr data-rule="%s"><td>%d</td><td>%s</td><td><span class="badge v-%s">%s</span></td></tr>' % (
-            esc(rule["name"]), rule["number"], esc(rule["condition"]), esc(rule["verdict"]),
-            esc(VERDICT_TEXT[rule["verdict"]])))
+        out.append('<tr data-rule="%s"><td>%d</td><td>%s</td><td>%s</td></tr>' % (
+            esc(rule["name"]), rule["number"], esc(rule["condition"]), _verdict_badge(rule["verdict"])))
     out.append("</table>")
-    out.append('<p>Reported beside the verdict, whatever it is:</p><table class="rules findings">'
-               "<tr><th>finding</th><th>when</th><th>remedy</th></tr>")
+    out.append('<p>%s</p><table class="rules findings">%s' % (esc(_BESIDE), html_header_row(_FINDINGS_HEADER)))
     for finding in _rule_findings(report):
         out.append('<tr data-finding="%s"><td>%s</td><td>%s</td><td>%s</td></tr>' % (
             esc(finding["name"]), esc(finding["title"]), esc(finding["condition"]), esc(finding["remedy"])))
@@ -360,90 +391,56 @@ def _html_rules(report):
 
 def _html_host(entry):
     """One host's section: verdict, NIC facts, reasons, findings, notes and the strip of per-CPU cells."""
-    esc = html.escape
-    out = []
+    esc = html_escape
     irq_cpus = set(entry["irq_cpus"])
     hot_cpus = set(entry["hot_cpus"])
-    out.append('<section class="host" id="host-%s" data-verdict="%s">' % (esc(entry["host"]), esc(entry["verdict"])))
-    out.append(
-        '<h2>%s <span class="badge v-%s">%s</span></h2>'
-        % (esc(entry["host"]), esc(entry["verdict"]), esc(VERDICT_TEXT.get(entry["verdict"], entry["verdict"])))
-    )
-    facts = []
-    for label, key in (("interface", "interface"), ("PCI", "pci_address"), ("driver", "driver")):
-        if entry[key]:
-            facts.append("%s %s" % (label, entry[key]))
-    facts.append("IRQ CPUs %s" % (_cpulist(entry["irq_cpus"]) or "none"))
-    if _irq_source(entry):
-        facts.append(_irq_source(entry))
-    if entry["link_speed_mbps"]:
-        facts.append("link %s Mbit/s" % _num(entry["link_speed_mbps"]))
-    if _decided_by(entry):
-        facts.append(_decided_by(entry))
-    out.append("<p>%s</p>" % esc(", ".join(facts)))
-    out.append('<ul class="reasons">%s</ul>' % "".join("<li>%s</li>" % esc(r) for r in entry["reasons"]))
+    out = ['<section class="host" id="host-%s" data-verdict="%s">' % (esc(entry["host"]), esc(entry["verdict"])),
+           "<h2>%s %s</h2>" % (esc(entry["host"]), _verdict_badge(entry["verdict"])),
+           "<p>%s</p>" % esc(", ".join(_facts(entry, page=True))),
+           '<ul class="reasons">%s</ul>' % "".join("<li>%s</li>" % esc(r) for r in entry["reasons"])]
     if entry["findings"]:
         out.append('<ul class="findings">%s</ul>' % "".join(
             '<li data-finding="%s"><strong>%s</strong>: %s. Remedy: %s</li>' % (
                 esc(f.get("name") or ""), esc(f.get("title") or ""), esc(f.get("reason") or ""),
                 esc(f.get("remedy") or "")) for f in entry["findings"]))
-    if _host_notes(entry):
-        out.append('<ul class="notes">%s</ul>' % "".join("<li>note: %s</li>" % esc(n) for n in _host_notes(entry)))
+    notes = _host_notes(entry)
+    if notes:
+        out.append('<ul class="notes">%s</ul>' % "".join("<li>note: %s</li>" % esc(n) for n in notes))
     if entry["cpus"]:
         out.append('<div class="strip">%s</div>' % "".join(_cell(row, irq_cpus, hot_cpus) for row in entry["cpus"]))
     out.append("</section>")
     return "\n".join(out)
 
 
+_LEGEND = (
+    '<div class="legend" id="legend"><strong>Legend.</strong> One cell per CPU: '
+    "<b>s</b> softirq %, <b>u</b> user %, <b>q</b> time_squeeze events per 10 s. "
+    '<span class="cpu irq"><span class="id">n</span><span class="mark irq">IRQ</span></span> '
+    "blue border and IRQ: the CPU carries the NIC's queue interrupts. "
+    '<span class="cpu hot"><span class="id">n</span><span class="mark hot">HOT</span></span> '
+    "red and HOT: the CPU squeezed, or ran softirq together with user work above the thresholds. "
+    "Hover a cell for its numbers.</div>"
+)
+
+
 def diagnose_html(report):
     """cluster.html: one self-contained page (inline CSS, no scripts, no external fetches). Each host gets a
     strip of per-CPU cells with softirq %, user % and squeezes per 10 s; IRQ CPUs carry class ``irq`` and the
     visible mark "IRQ", hot CPUs class ``hot`` and the mark "HOT"."""
-    esc = html.escape
-    out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        "<title>NIC IRQ / compute contention: cluster diagnosis</title>",
-        "<style>%s</style></head><body>" % _CSS,
-        "<h1>NIC IRQ / compute contention: cluster diagnosis</h1>",
+    esc = html_escape
+    out = html_page_open(_TITLE, _CSS, viewport=False) + [
         '<p class="generated">Generated %s. %s.</p>' % (esc(report.get("generated_at") or ""), esc(diagnose_summary(report))),
         '<p class="counts">',
     ]
     for verdict in VERDICT_ORDER:
-        out.append(
-            '<span><span class="badge v-%s">%s</span> %d</span>'
-            % (verdict, esc(VERDICT_TEXT[verdict]), report["counts"].get(verdict, 0))
-        )
-    out.append("</p>")
-    out.append(
-        '<div class="legend" id="legend"><strong>Legend.</strong> One cell per CPU: '
-        "<b>s</b> softirq %, <b>u</b> user %, <b>q</b> time_squeeze events per 10 s. "
-        '<span class="cpu irq"><span class="id">n</span><span class="mark irq">IRQ</span></span> '
-        "blue border and IRQ: the CPU carries the NIC's queue interrupts. "
-        '<span class="cpu hot"><span class="id">n</span><span class="mark hot">HOT</span></span> '
-        "red and HOT: the CPU squeezed, or ran softirq together with user work above the thresholds. "
-        "Hover a cell for its numbers.</div>"
-    )
-    out.append('<table class="hosts"><tr><th>host</th><th>verdict</th><th>interface</th><th>IRQ CPUs</th>'
-               "<th>hot CPUs</th><th>squeezes/10 s on IRQ CPUs</th><th>link use</th></tr>")
+        out.append("<span>%s %d</span>" % (_verdict_badge(verdict), report["counts"].get(verdict, 0)))
+    out += ["</p>", _LEGEND, '<table class="hosts">%s' % html_header_row(_OVERVIEW)]
     for entry in report["hosts"]:
-        out.append(
-            '<tr><td><a href="#host-%s">%s</a></td><td><span class="badge v-%s">%s</span></td><td>%s</td><td>%s</td>'
-            "<td>%s</td><td>%s</td><td>%s</td></tr>"
-            % (
-                esc(entry["host"]),
-                esc(entry["host"]),
-                esc(entry["verdict"]),
-                esc(VERDICT_TEXT.get(entry["verdict"], entry["verdict"])),
-                esc(entry["interface"] or "?"),
-                esc(_cpulist(entry["irq_cpus"]) or "none"),
-                esc(_cpulist(entry["hot_cpus"]) or "none"),
-                esc(_num(entry["squeeze_irq_per_10s"])),
-                esc("?" if entry["link_util_pct"] is None else "%s %%" % _num(entry["link_util_pct"], 2)),
-            )
-        )
+        cells = [esc(text) for text in _overview(entry)]
+        cells[0] = _verdict_badge(entry["verdict"])
+        out.append('<tr><td><a href="#host-%s">%s</a></td>%s</tr>' % (
+            esc(entry["host"]), esc(entry["host"]), "".join("<td>%s</td>" % cell for cell in cells)))
     out.append("</table>")
     out.extend(_html_rules(report))
     out.extend(_html_host(entry) for entry in report["hosts"])
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"
+    return html_page_close(out)

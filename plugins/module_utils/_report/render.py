@@ -11,6 +11,11 @@ status, a row or a group. Every value of the report is escaped for its format
 (Markdown table cells, HTML, XML 1.0 with the characters it cannot hold
 replaced), so a message cannot break the page.
 
+The pieces every report of the collection is written with live here too, once:
+the Markdown escape, heading, section, table and list item (``md_*``), the HTML
+escape, badge, header row and page frame (``html_*``). The cluster report
+(preflight, drift) and the diagnose report (``_report.diagnose``) both use them.
+
 Bad input raises :class:`_report.cluster.ClusterReportError` naming the value
 and what was expected.
 """
@@ -79,12 +84,75 @@ def _gpu_text(gpu):
     return " gpu %s" % gpu
 
 
-# --- Markdown ---------------------------------------------------------------------------------------------------
+# --- the shared pieces: Markdown -------------------------------------------------------------------------------
 
 
 def md_escape(text):
     """Text for a Markdown table cell or list item: backslash, pipe and ``<`` escaped, line breaks as spaces."""
     return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "\\<").replace("\r", " ").replace("\n", " ")
+
+
+def md_heading(text, level=1):
+    """``# text`` (``level`` hashes), the text escaped."""
+    return "%s %s" % ("#" * level, md_escape(text))
+
+
+def md_section(title, level=2):
+    """The lines that open a section: a blank line, the heading, a blank line."""
+    return ["", md_heading(title, level), ""]
+
+
+def _md_row(cells):
+    return "| %s |" % " | ".join(md_escape(cell) for cell in cells)
+
+
+def md_table(header, rows):
+    """A Markdown table: the header row, its rule, then one line per row; every cell escaped (:func:`md_escape`)."""
+    return [_md_row(header), "|%s" % ("---|" * len(header))] + [_md_row(row) for row in rows]
+
+
+def md_item(text, label="", depth=0):
+    """A list item ``- <label><text>``, ``depth`` levels in; ``text`` escaped, ``label`` (Markdown) as given."""
+    return "%s- %s%s" % ("  " * depth, label, md_escape(text))
+
+
+# --- the shared pieces: HTML -----------------------------------------------------------------------------------
+
+# The first rule of every page's style sheet.
+BASE_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:1.5em;color:#1d1d1f;background:#fff}"""
+
+
+def html_escape(text):
+    """Text for HTML content or a quoted attribute."""
+    return html.escape(str(text), quote=True)
+
+
+def html_badge(css_class, text):
+    """``<span class="badge CLASS">TEXT</span>``."""
+    return '<span class="badge %s">%s</span>' % (html_escape(css_class), html_escape(text))
+
+
+def html_header_row(names):
+    """``<tr><th>..</th>..</tr>``, the names escaped."""
+    return "<tr>%s</tr>" % "".join("<th>%s</th>" % html_escape(name) for name in names)
+
+
+def html_page_open(title, css, viewport=True):
+    """The lines that open a self-contained page: doctype, head (charset, ``viewport``, title, :data:`BASE_CSS`
+    then ``css`` inline), body, the title as ``h1``."""
+    return (["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">']
+            + (['<meta name="viewport" content="width=device-width, initial-scale=1">'] if viewport else [])
+            + ["<title>%s</title>" % html_escape(title), "<style>%s%s</style></head><body>" % (BASE_CSS, css),
+               "<h1>%s</h1>" % html_escape(title)])
+
+
+def html_page_close(out):
+    """The page of lines ``out`` (from :func:`html_page_open` on), closed."""
+    return "\n".join(list(out) + ["</body></html>"]) + "\n"
+
+
+# --- Markdown ---------------------------------------------------------------------------------------------------
 
 
 def _group_label(group):
@@ -100,40 +168,38 @@ def group_message(group):
 def render_markdown(report):
     """Markdown: title, gate line, counts, "What to fix" (the non-pass groups), then one table row per row of hosts."""
     _check_report(report, "render_markdown")
-    lines = ["# %s" % md_escape(report["title"]), "", "**%s**" % md_escape(report["gate_text"]), "",
-             "Generated %s (%s report)." % (md_escape(report["generated_at"]), md_escape(report["kind"])), "",
-             "| status | hosts (by worst finding) | findings |", "|---|---|---|"]
-    for status in WORST_ORDER:
-        lines.append("| %s | %d | %d |" % (SHORT[status], report["host_counts"].get(status, 0), report["counts"].get(status, 0)))
-    lines.append("| all | %d | %d |" % (report["counts"]["hosts"], report["counts"].get("findings", 0)))
-    lines += ["", "## What to fix", ""]
+    lines = [md_heading(report["title"]), "", "**%s**" % md_escape(report["gate_text"]), "",
+             "Generated %s (%s report)." % (md_escape(report["generated_at"]), md_escape(report["kind"])), ""]
+    lines += md_table(("status", "hosts (by worst finding)", "findings"),
+                      [(SHORT[status], report["host_counts"].get(status, 0), report["counts"].get(status, 0))
+                       for status in WORST_ORDER] + [("all", report["counts"]["hosts"], report["counts"].get("findings", 0))])
+    lines += md_section("What to fix")
     todo = [group for group in report["groups"] if group["status"] != "pass"]
     if not todo:
         lines.append("Nothing: every finding passes.")
     for group in todo:
-        lines.append("- **%s** `%s`: %s" % (_group_label(group), md_escape(group["check"]).replace("`", "'"), md_escape(group_message(group))))
-        lines.append("  - hosts (%d): %s" % (group["count"], md_escape(group["hostlist"])))
+        label = "**%s** `%s`: " % (_group_label(group), md_escape(group["check"]).replace("`", "'"))
+        lines.append(md_item(group_message(group), label))
+        lines.append(md_item(group["hostlist"], "hosts (%d): " % group["count"], depth=1))
         if group.get("fix"):
-            lines.append("  - fix: %s" % md_escape(group["fix"]))
+            lines.append(md_item(group["fix"], "fix: ", depth=1))
     checks = report["checks"]
-    lines += ["", "## Hosts, worst first", "",
-              "Hosts whose findings are identical share a row. %s; - is a check the hosts did not report." %
-              ", ".join("%s %s" % (SHORT[status], WORDS[status]) for status in WORST_ORDER), "",
-              "| hosts | count | worst | %s |" % " | ".join(md_escape(check) for check in checks),
-              "|---|---|---|%s" % ("---|" * len(checks))]
-    for row in report["rows"]:
-        cells = []
-        for check in checks:
-            cell = row["cells"].get(check)
-            cells.append("-" if cell is None else SHORT[_cell_worst(cell)])
-        lines.append("| %s | %d | %s | %s |" % (md_escape(row["hostlist"]), row["count"], SHORT[row["worst"]], " | ".join(cells)))
+    lines += md_section("Hosts, worst first")
+    lines += ["Hosts whose findings are identical share a row. %s; - is a check the hosts did not report." %
+              ", ".join("%s %s" % (SHORT[status], WORDS[status]) for status in WORST_ORDER), ""]
+    lines += md_table(["hosts", "count", "worst"] + list(checks), [_grid_row(row, checks) for row in report["rows"]])
     return "\n".join(lines) + "\n"
+
+
+def _grid_row(row, checks):
+    """A row of hosts as the cells of the Markdown grid: hosts, count, worst, then each check's worst or -."""
+    cells = ["-" if row["cells"].get(check) is None else SHORT[_cell_worst(row["cells"][check])] for check in checks]
+    return [row["hostlist"], row["count"], SHORT[row["worst"]]] + cells
 
 
 # --- HTML -------------------------------------------------------------------------------------------------------
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:1.5em;color:#1d1d1f;background:#fff}
 h1{font-size:1.4em;margin:0 0 .4em}h2{font-size:1.15em;margin:1.4em 0 .4em}
 #gate{font-size:1.3em;font-weight:700;padding:.6em 1em;border-radius:.4em;color:#fff;margin:.6em 0}
 #gate.go{background:#1e6b35}#gate.no-go{background:#b3261e}
@@ -164,12 +230,11 @@ table.counts td.n{text-align:right}
 """
 
 
-def _esc(text):
-    return html.escape(str(text), quote=True)
+_esc = html_escape
 
 
 def _badge(worst):
-    return '<span class="badge status-%s">%s</span>' % (_esc(worst), _esc(SHORT[worst]))
+    return html_badge("status-%s" % worst, SHORT[worst])
 
 
 def _html_cell(check, cell):
@@ -189,13 +254,7 @@ def render_html(report):
     _check_report(report, "render_html")
     checks = report["checks"]
     gate_class = "no-go" if report["gate"] == "no_go" else "go"
-    out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        "<title>%s</title>" % _esc(report["title"]),
-        "<style>%s</style></head><body>" % _CSS,
-        "<h1>%s</h1>" % _esc(report["title"]),
+    out = html_page_open(report["title"], _CSS) + [
         '<div id="gate" class="%s" role="status" data-gate="%s">%s</div>' % (
             gate_class, _esc(report["gate"]), _esc(report["gate_text"])),
         '<p class="generated">Generated %s (%s report), %s, %s.</p>' % (
@@ -207,7 +266,7 @@ def render_html(report):
     for status in WORST_ORDER:
         out.append("%s %s" % (_badge(status), _esc("a fatal finding: it stops the gate" if status == "fatal" else WORDS[status])))
     out.append('<span class="badge status-none">-</span> not reported by these hosts.</div>')
-    out.append('<table class="counts" id="counts"><tr><th>status</th><th>hosts (by worst finding)</th><th>findings</th></tr>')
+    out.append('<table class="counts" id="counts">%s' % html_header_row(("status", "hosts (by worst finding)", "findings")))
     for status in WORST_ORDER:
         out.append('<tr data-status="%s"><td>%s</td><td class="n">%d</td><td class="n">%d</td></tr>' % (
             status, _badge(status), report["host_counts"].get(status, 0), report["counts"].get(status, 0)))
@@ -232,8 +291,7 @@ def render_html(report):
     out.append("</ol>")
     if not todo:
         out.append('<p class="nothing">Nothing: every finding passes.</p>')
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"
+    return html_page_close(out)
 
 
 # --- JUnit XML --------------------------------------------------------------------------------------------------

@@ -80,36 +80,68 @@ def _lscpu_record(cpus, cpu, socket, core, node, l3, row):
     cpus[cpu] = {"core": ("core", socket, core), "levels": levels}
 
 
+def _l3_p(names, col, fields, cpu):
+    return _lscpu_id(fields[col["l3"]], "L3", cpu) if "l3" in col else None
+
+
+def _l3_e(names, col, fields, cpu):
+    """lscpu -e prints the caches in one column, ``L1d:L1i:L2:L3``, with one value per level."""
+    caches = [name for name in names if name.startswith("l1") or name.startswith("l2") or name.startswith("l3")]
+    if not caches:
+        return None
+    parts, values = names[col[caches[0]]].split(":"), fields[col[caches[0]]].split(":")
+    if "l3" in parts and len(values) == len(parts):
+        return _lscpu_id(values[parts.index("l3")], "L3", cpu)
+    return None
+
+
+# The two tables lscpu prints, as far as they differ: how a row splits, the column names as the messages give
+# them, the words of an offline CPU, the cache column, and what the messages expect.
+_LSCPU = {
+    "-p": dict(split=lambda row: row.split(","), comment="#", labels=("CPU", "Socket", "Core", "Node"), offline=("n", "no"),
+               l3=_l3_p, fields="rows with as many comma separated fields as the header",
+               cpu="a CPU number in the first column", note="offline or unplaced CPUs left out"),
+    "-e": dict(split=lambda row: row.split(), comment=None, labels=("CPU", "SOCKET", "CORE", "NODE"), offline=_NO_WORDS,
+               l3=_l3_e, fields="rows with one field per header column",
+               cpu="a CPU number in the CPU column", note="offline CPUs left out"),
+}
+
+
+def _lscpu_table(form, names, rows, socket_by, only_cpus):
+    """Slurm's view from the rows of ``lscpu -p`` or ``lscpu -e`` (``form``) under the header's column ``names``."""
+    how = _LSCPU[form]
+    col = dict((name, names.index(name)) for name in names if name)
+    label_cpu, label_socket, label_core, label_node = how["labels"]
+    cpus, offline = {}, []
+    for row in rows:
+        if not row.strip() or (how["comment"] and row.lstrip().startswith(how["comment"])):
+            continue
+        fields = how["split"](row)
+        if len(fields) != len(names):
+            raise SlurmCpuError("lscpu %s row %r has %d fields, the header %d" % (form, row, len(fields), len(names)),
+                                value=row, expected=how["fields"])
+        cpu = _lscpu_id(fields[col["cpu"]], label_cpu, "?")
+        if cpu is None:
+            raise SlurmCpuError("lscpu %s row %r has no CPU number" % (form, row), value=row, expected=how["cpu"])
+        socket = _lscpu_id(fields[col["socket"]], label_socket, cpu)
+        core = _lscpu_id(fields[col["core"]], label_core, cpu)
+        online = fields[col["online"]].strip().lower() if "online" in col else "yes"
+        if socket is None or core is None or online in how["offline"]:
+            offline.append(cpu)
+            continue
+        node = _lscpu_id(fields[col["node"]], label_node, cpu) if "node" in col else None
+        _lscpu_record(cpus, cpu, socket, core, node, how["l3"](names, col, fields, cpu), row)
+    notes = ["%s: %s" % (how["note"], format_cpulist(offline))] if offline else []
+    return build_view(cpus, socket_by=socket_by, only_cpus=only_cpus, notes=notes, source="lscpu %s" % form)
+
+
 def _parse_lscpu_p(header, rows, socket_by, only_cpus):
     names = [name.strip().lower() for name in header.lstrip("#").split(",")]
     for needed in ("cpu", "core", "socket"):
         if needed not in names:
             raise SlurmCpuError("lscpu -p header %r has no %s column" % (header, needed.capitalize()), value=header,
                                 expected="lscpu -p with at least CPU,Core,Socket (the default columns)")
-    col = dict((name, names.index(name)) for name in names if name)
-    cpus = {}
-    offline = []
-    for row in rows:
-        if not row.strip() or row.lstrip().startswith("#"):
-            continue
-        fields = row.split(",")
-        if len(fields) != len(names):
-            raise SlurmCpuError("lscpu -p row %r has %d fields, the header %d" % (row, len(fields), len(names)), value=row,
-                                expected="rows with as many comma separated fields as the header")
-        cpu = _lscpu_id(fields[col["cpu"]], "CPU", "?")
-        if cpu is None:
-            raise SlurmCpuError("lscpu -p row %r has no CPU number" % row, value=row, expected="a CPU number in the first column")
-        socket = _lscpu_id(fields[col["socket"]], "Socket", cpu)
-        core = _lscpu_id(fields[col["core"]], "Core", cpu)
-        online = fields[col["online"]].strip().upper() if "online" in col else "Y"
-        if socket is None or core is None or online in ("N", "NO"):
-            offline.append(cpu)
-            continue
-        node = _lscpu_id(fields[col["node"]], "Node", cpu) if "node" in col else None
-        l3 = _lscpu_id(fields[col["l3"]], "L3", cpu) if "l3" in col else None
-        _lscpu_record(cpus, cpu, socket, core, node, l3, row)
-    notes = ["offline or unplaced CPUs left out: %s" % format_cpulist(offline)] if offline else []
-    return build_view(cpus, socket_by=socket_by, only_cpus=only_cpus, notes=notes, source="lscpu -p")
+    return _lscpu_table("-p", names, rows, socket_by, only_cpus)
 
 
 def _parse_lscpu_e(header, rows, socket_by, only_cpus):
@@ -118,36 +150,7 @@ def _parse_lscpu_e(header, rows, socket_by, only_cpus):
         if needed not in names:
             raise SlurmCpuError("lscpu -e header %r has no %s column" % (header, needed.upper()), value=header,
                                 expected="lscpu -e with at least CPU, SOCKET and CORE")
-    col = dict((name, names.index(name)) for name in names)
-    caches = [name for name in names if name.startswith("l1") or name.startswith("l2") or name.startswith("l3")]
-    cpus = {}
-    offline = []
-    for row in rows:
-        if not row.strip():
-            continue
-        fields = row.split()
-        if len(fields) != len(names):
-            raise SlurmCpuError("lscpu -e row %r has %d fields, the header %d" % (row, len(fields), len(names)), value=row,
-                                expected="rows with one field per header column")
-        cpu = _lscpu_id(fields[col["cpu"]], "CPU", "?")
-        if cpu is None:
-            raise SlurmCpuError("lscpu -e row %r has no CPU number" % row, value=row, expected="a CPU number in the CPU column")
-        socket = _lscpu_id(fields[col["socket"]], "SOCKET", cpu)
-        core = _lscpu_id(fields[col["core"]], "CORE", cpu)
-        online = fields[col["online"]].strip().lower() if "online" in col else "yes"
-        if socket is None or core is None or online in _NO_WORDS:
-            offline.append(cpu)
-            continue
-        node = _lscpu_id(fields[col["node"]], "NODE", cpu) if "node" in col else None
-        l3 = None
-        if caches:
-            parts = names[col[caches[0]]].split(":")
-            values = fields[col[caches[0]]].split(":")
-            if "l3" in parts and len(values) == len(parts):
-                l3 = _lscpu_id(values[parts.index("l3")], "L3", cpu)
-        _lscpu_record(cpus, cpu, socket, core, node, l3, row)
-    notes = ["offline CPUs left out: %s" % format_cpulist(offline)] if offline else []
-    return build_view(cpus, socket_by=socket_by, only_cpus=only_cpus, notes=notes, source="lscpu -e")
+    return _lscpu_table("-e", names, rows, socket_by, only_cpus)
 
 
 def topology_from_dict(data, socket_by="package", only_cpus=None):
