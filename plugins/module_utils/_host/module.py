@@ -32,16 +32,18 @@ def new_module(argument_spec, input_rules, **kwargs):
     return module
 
 
-def module_target(module, commands):
+def module_target(module, commands, tree_commands=()):
     """The :class:`_host.target.Target` the module's options name, the same way for every module: ``procfs_path``
     and ``sysfs_path`` (the kernel's views) and ``root`` (the files under /etc, /usr), each left out meaning the live
-    node. The listed ``commands`` run only when every root given is the live one."""
+    node. The listed ``commands`` run only when every root given is the live one; on a tree only ``tree_commands``
+    (tools that read the files they are given) run, and no runner at all when there are none."""
     params = module.params
     procfs, sysfs = params.get("procfs_path") or "/proc", params.get("sysfs_path") or "/sys"
     root = params.get("root") or root_of(procfs)
     live = is_live(procfs, sysfs) and is_live_root(root)
-    return Target(root=root, procfs=procfs, sysfs=sysfs, run=module_runner(module, commands) if live else None,
-                  check=module.check_mode, which=module.get_bin_path if live else None,
+    allowed = commands if live else tree_commands
+    return Target(root=root, procfs=procfs, sysfs=sysfs, run=module_runner(module, allowed) if allowed else None,
+                  live=live, check=module.check_mode, which=module.get_bin_path if live else None,
                   call=module.run_command if live else None, os_family=(lambda: os_family(module)) if live else None)
 
 

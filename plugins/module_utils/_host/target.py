@@ -150,21 +150,23 @@ def roots_problem(root, sysfs):
 class Target(object):
     """Where a module works, built once by the module (:func:`_host.module.module_target`): the live node or a tree.
 
-    ``root``/``procfs``/``sysfs``: the roots read and written; ``run``: the runner of the allowed commands
-    (:func:`_host.fileio.module_runner`), None on a tree, where no command runs; ``check``: check mode; ``which``:
+    ``root``/``procfs``/``sysfs``: the roots read and written; ``live``: whether they are this host's; ``run``: the
+    runner of the allowed commands (:func:`_host.fileio.module_runner`): on a tree None, or only the tools that read
+    the files they are given (a GRUB script check), never one that reads this host; ``check``: check mode; ``which``:
     a tool's path or None; ``call``: ``argv -> (rc, out, err)`` for one absolute path the validator passed (an
     interpreter to probe), live only; ``os_family``: ``() -> ansible_facts.os_family`` of the live node, or None.
     :meth:`systemd` gives the one systemd wrapper on this target.
     """
 
     def __init__(self, root="/", procfs="/proc", sysfs="/sys", run=None, check=False, which=None, call=None,
-                 os_family=None):
+                 os_family=None, live=None):
         self.root, self.procfs, self.sysfs = root, procfs, sysfs
         self.run, self.check, self.call, self.os_family = run, check, call, os_family
         self.which = which or tree_which(root)
-        self.live = run is not None
+        self.live = run is not None if live is None else live
 
     def systemd(self, error=None, why=None):
-        """The :class:`_host.systemd.Systemd` of this target; ``error``: the caller's error class."""
+        """The :class:`_host.systemd.Systemd` of this target (on a tree it only records); ``error``: the caller's
+        error class."""
         kwargs = dict((k, v) for k, v in (("error", error), ("why", why)) if v is not None)
-        return Systemd(self.run, self.check, **kwargs)
+        return Systemd(self.run if self.live else None, self.check, **kwargs)
