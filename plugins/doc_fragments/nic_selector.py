@@ -7,10 +7,13 @@ from __future__ import annotations
 
 
 class ModuleDocFragment(object):
-    """How every module of the collection selects the NIC and which proc/sys tree it reads."""
+    """How every module of the collection selects the NIC.
 
-    # Options: the NIC selector and the filesystem roots. Their argument spec is
-    # _nic.SELECTOR_ARGUMENT_SPEC; keep the two in step (validate-modules checks it).
+    _nic.SELECTOR_ARGUMENT_SPEC also holds procfs_path and sysfs_path: a module that takes this fragment takes
+    gpunode.tuning.target.procfs_sysfs with it, which documents them (this fragment's notes name them)."""
+
+    # Options: the NIC selector. Their argument spec is _nic.SELECTOR_ARGUMENT_SPEC; keep the two in step
+    # (validate-modules checks it).
     DOCUMENTATION = r"""
 options:
   interface:
@@ -38,22 +41,9 @@ options:
         is used. Addresses come from C(ip -j addr), or from C(/proc/net/fib_trie) and C(/proc/net/if_inet6)
         when C(ip) is missing or a captured tree is read.
     type: str
-  procfs_path:
-    description:
-      - Root of procfs. Point it and O(sysfs_path) at a captured or generated tree to read (or, for modules that
-        write, to write) there instead of this host. Commands (C(ethtool), C(ip), C(systemctl)) then do not run,
-        because they would describe this host, not the tree.
-      - Each root must exist and look like its filesystem (C(interrupts) under procfs, C(class/net) under sysfs),
-        else the module fails naming the path.
-      - A module that writes refuses roots that are not one system (the live C(/proc) and C(/sys), or C(T/proc)
-        and C(T/sys) of one tree), so that a capture's IRQ numbers never reach the live C(/proc/irq); and every
-        module fails when an IRQ listed in the PCI function's C(msi_irqs) has a C(/proc/interrupts) row that names
-        another PCI function.
-    type: path
-    default: /proc
-  sysfs_path:
-    description:
-      - Root of sysfs. See O(procfs_path).
-    type: path
-    default: /sys
+notes:
+  - On a captured or generated tree (O(procfs_path), O(sysfs_path)) the commands that describe the NIC (C(ethtool),
+    C(ip), C(systemctl)) do not run. Its procfs must hold C(interrupts) and its sysfs C(class/net), else the module
+    fails naming the path. Every module fails when an IRQ listed in the PCI function's C(msi_irqs) has a
+    C(/proc/interrupts) row that names another PCI function.
 """

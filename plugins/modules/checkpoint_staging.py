@@ -222,7 +222,9 @@ staging:
   returned: state is present
   type: dict
 files:
-  description: Each installed file with its action (V(create), V(update), V(remove), V(unchanged)) and the reason.
+  description:
+    - Every installed file (the copier's configuration, library and entry point, the units) with its action and
+      reason, as M(gpunode.tuning.cpuset_slices) returns its files in RV(gpunode.tuning.cpuset_slices#module:files).
   returned: always
   type: list
   elements: dict

@@ -44,6 +44,7 @@ extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.attributes.read_only
   - gpunode.tuning.attributes.facts
+  - gpunode.tuning.target.procfs_sysfs
 options:
   governor:
     description:
@@ -91,18 +92,9 @@ options:
       - A path reads that file instead, a saved C(nvidia-smi topo -m) output.
     type: str
     default: auto
-  procfs_path:
-    description:
-      - Root of procfs. With O(sysfs_path) at a captured or generated tree, that tree is read instead of this host
-        - its C(dev/cpu_dma_latency) and C(etc/tuned) under the tree's root (the parent of O(procfs_path)) - and no
-        command runs.
-    type: path
-    default: /proc
-  sysfs_path:
-    description: Root of sysfs. See O(procfs_path).
-    type: path
-    default: /sys
 notes:
+  - On a captured tree (O(procfs_path), O(sysfs_path)) C(dev/cpu_dma_latency) and C(etc/tuned) are read under the
+    tree's root, the parent of O(procfs_path).
   - BIOS settings cannot be read from the OS. What the firmware allows is inferred from the states the idle driver
     exposes and their latencies, and reported with that evidence.
   - On a VM the idle and frequency verdicts are V(not_visible); check the host.
@@ -353,9 +345,9 @@ ansible_facts:
   type: dict
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.power import cpu_power_facts
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root
 
 ARGUMENT_SPEC = dict(
     governor=dict(type="str", default="performance"),
@@ -385,8 +377,7 @@ def main():
     failure = missing_cpu_root(params["procfs_path"], params["sysfs_path"])
     if failure:
         module.fail_json(**failure)
-    run = runner_for_roots(module, params["procfs_path"], params["sysfs_path"], commands=("nvidia-smi",))
-    facts = run_or_fail(module, cpu_power_facts, params, run)
+    facts = run_or_fail(module, cpu_power_facts, params, module_target(module, ("nvidia-smi",)).run)
     module.exit_json(changed=False, ansible_facts={"cpu_power": facts}, **facts)
 
 

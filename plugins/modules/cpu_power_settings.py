@@ -34,6 +34,7 @@ attributes:
     details: The sysfs values before and after, one line per file, and the tmpfiles file.
 extends_documentation_fragment:
   - gpunode.tuning.attributes
+  - gpunode.tuning.target.procfs_sysfs
 options:
   enable_idle_states:
     description: Re-enable disabled idle states.
@@ -71,15 +72,9 @@ options:
     type: str
     choices: [present, absent]
     default: present
-  procfs_path:
-    description: Root of procfs. With O(sysfs_path) at a generated tree, that tree is written (its C(etc) under the
-      parent of O(procfs_path)); the two must be one system.
-    type: path
-    default: /proc
-  sysfs_path:
-    description: Root of sysfs. See O(procfs_path).
-    type: path
-    default: /sys
+notes:
+  - On a generated tree (O(procfs_path), O(sysfs_path)) the tmpfiles.d file is written under the tree's root, the
+    parent of O(procfs_path).
 seealso:
   - module: gpunode.tuning.cpu_power_facts
 """
@@ -115,14 +110,12 @@ notes:
   elements: str
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.power_settings import SettingsError, apply, kernel_check, plan
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root, missing_cpu_root, roots_mixed
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, roots_mixed
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import COMMANDS as KERNEL_COMMANDS
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import TREE_COMMANDS
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import tree_which
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import root_of
 
 ARGUMENT_SPEC = dict(
     enable_idle_states=dict(type="bool", default=False),
@@ -155,10 +148,9 @@ def main():
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
     _roots(module, procfs, sysfs)
-    root = root_of(procfs)
-    live = is_live_root(root)
-    kernel = (module_runner(module, commands=KERNEL_COMMANDS if live else TREE_COMMANDS),
-              module.get_bin_path if live else tree_which(root), live, module.check_mode)
+    target = module_target(module, KERNEL_COMMANDS, tree_commands=TREE_COMMANDS)
+    root = target.root
+    kernel = (target.run, target.which, target.live, target.check)
     try:
         planned = plan(params, sysfs, procfs, root, kernel=kernel)
         changed = bool(planned["writes"]) or any(a["action"] != "unchanged" for a in planned["actions"])

@@ -274,10 +274,10 @@ warnings:
   elements: str
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.cpuset_slices import ARGUMENT_SPEC, MUTUALLY_EXCLUSIVE, converge
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root, roots_problem
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import roots_problem
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
 
 
 INPUT_RULES = {
@@ -298,8 +298,8 @@ def main():
     failure = roots_problem(params["root"], params["sysfs_path"])
     if failure:
         module.fail_json(changed=False, **failure)
-    run = module_runner(module, commands=("systemctl",)) if is_live_root(params["root"]) else None
-    result, diff = run_or_fail(module, converge, params, run, module.check_mode)
+    target = module_target(module, ("systemctl",))
+    result, diff = run_or_fail(module, converge, params, target.run, target.check)
     exit_with(module, result, diff, result.pop("warnings"))
 
 

@@ -38,6 +38,7 @@ extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.attributes.read_only
   - gpunode.tuning.attributes.facts
+  - gpunode.tuning.target.sysfs
 options:
   dcgm_level:
     description:
@@ -55,14 +56,10 @@ options:
   dcgmi_output_path:
     description: A saved C(dcgmi diag) output to judge instead of running dcgmi.
     type: path
-  sysfs_path:
-    description:
-      - Root of sysfs, for the PCI bus. Anything but C(/sys) is a captured or generated tree and no command runs
-        there; give the outputs as files.
-    type: path
-    default: /sys
 notes:
-  - Commands, only against the live C(/sys) - C(nvidia-smi -q -x) and, with O(dcgm_level), C(dcgmi diag -r LEVEL).
+  - Commands, only against the live C(/sys) - C(nvidia-smi -q -x) and, with O(dcgm_level), C(dcgmi diag -r LEVEL). On a
+    captured tree (O(sysfs_path), where the PCI bus is read) give their outputs as files, O(nvidia_smi_xml_path) and
+    O(dcgmi_output_path).
   - Tested on real C(nvidia-smi -q -x) and C(dcgmi diag) captures from public sources
     (C(tests/unit/fixtures/gpu_health/README.md)); the project's lab has no GPU.
 seealso:
@@ -112,9 +109,7 @@ sources:
   type: dict
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import module_runner
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.health import gpu_health
 
 ARGUMENT_SPEC = dict(
@@ -131,8 +126,7 @@ INPUT_RULES = {}
 def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
-    live = is_live(sysfs=params["sysfs_path"])
-    run = module_runner(module, commands=("nvidia-smi", "dcgmi")) if live else None
+    run = module_target(module, ("nvidia-smi", "dcgmi")).run
     result = run_or_fail(module, gpu_health, params["sysfs_path"], run, params["nvidia_smi_xml_path"], params["dcgm_level"],
                          params["dcgmi_output_path"])
     module.exit_json(changed=False, **result)

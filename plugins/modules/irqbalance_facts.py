@@ -35,6 +35,7 @@ extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.attributes.read_only
   - gpunode.tuning.attributes.facts
+  - gpunode.tuning.target.procfs_sysfs
 options:
   banned_cpus:
     description:
@@ -62,18 +63,9 @@ options:
         reads the first of C(/etc/default/irqbalance) and C(/etc/sysconfig/irqbalance) that exists.
       - On a captured tree it is read under the tree's root (the parent of O(procfs_path)).
     type: path
-  procfs_path:
-    description:
-      - Root of procfs. Point it and O(sysfs_path) at a captured or generated tree to read that instead of this host;
-        C(systemctl) then does not run, and the unit files, config file and C(proc/*/comm) of the tree are read.
-    type: path
-    default: /proc
-  sysfs_path:
-    description:
-      - Root of sysfs, where C(devices/system/cpu/isolated) and C(nohz_full) are read. See O(procfs_path).
-    type: path
-    default: /sys
 notes:
+  - On a captured tree (O(procfs_path), O(sysfs_path)) C(systemctl) does not run; the tree's unit files, config file
+    and C(proc/*/comm) are read, and C(devices/system/cpu/isolated) and C(nohz_full) under O(sysfs_path).
   - Not modelled - a ban set at run time over irqbalance's socket, and CPUs that a build with thermal support adds on a
     thermal event.
   - irqbalance after 1.9.5 (master commit 8929e4d) takes a set but empty C(IRQBALANCE_BANNED_CPULIST=) as "ban no
@@ -185,9 +177,8 @@ plan:
       sample: ["0000:42:01.0"]
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import root_of
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance import plan_ban, read_irqbalance
 
 ARGUMENT_SPEC = dict(
@@ -212,8 +203,8 @@ def main():
     failure = missing_cpu_root(procfs, sysfs)
     if failure:
         module.fail_json(**failure)
-    run = runner_for_roots(module, procfs, sysfs)
-    state = read_irqbalance(root_of(procfs), run=run, sysfs=sysfs, config_file=params["config_file"] or None)
+    target = module_target(module)
+    state = read_irqbalance(target.root, run=target.run, sysfs=sysfs, config_file=params["config_file"] or None)
     plan = run_or_fail(module, plan_ban, state, params["banned_cpus"], ban_isolated=params["ban_isolated"],
                        banned_devices=params["banned_devices"])
     module.exit_json(changed=False, ansible_facts={"irqbalance": state}, plan=plan)

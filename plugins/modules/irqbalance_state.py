@@ -45,6 +45,7 @@ attributes:
 extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.attributes.facts
+  - gpunode.tuning.target.procfs_sysfs
 options:
   mode:
     description: What to do with irqbalance (see above).
@@ -92,18 +93,10 @@ options:
     description: The irqbalance binary; its presence is what RV(status.installed) reports.
     type: path
     default: /usr/sbin/irqbalance
-  procfs_path:
-    description:
-      - Root of procfs. Point it and O(sysfs_path) at a captured or generated tree (T/proc and T/sys) to work on that
-        tree instead of this host - the files are read and written under T, no command runs, and the systemctl
-        actions are reported only (RV(systemd)).
-    type: path
-    default: /proc
-  sysfs_path:
-    description: Root of sysfs, where C(devices/system/cpu/isolated) and C(nohz_full) are read. See O(procfs_path).
-    type: path
-    default: /sys
 notes:
+  - On a captured or generated tree (O(procfs_path), O(sysfs_path)) the files are read and written under the tree's
+    root, the systemctl actions are only reported (RV(systemd)), and C(devices/system/cpu/isolated) and C(nohz_full)
+    are read under O(sysfs_path).
   - systemctl runs through the module (C(systemctl show), C(is-enabled), and C(mask), C(unmask), C(enable), C(stop),
     C(start), C(restart) as needed), only on the live host with systemd running.
   - The policy script carries the header C(Ansible managed), as the role's template rendered it with the default
@@ -161,7 +154,9 @@ config_file:
   returned: always
   type: str
 files:
-  description: Every file compared, with C(action) create, update, remove or unchanged, and the reason.
+  description:
+    - The environment file, the policy script and the markers, each with its action and reason, as
+      M(gpunode.tuning.cpuset_slices) returns its files in RV(gpunode.tuning.cpuset_slices#module:files).
   returned: always
   type: list
   elements: dict

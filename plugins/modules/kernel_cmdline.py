@@ -21,7 +21,7 @@ description:
     what the module replaced for them.
   - B(grub_debian) (Debian, Ubuntu). The configured line is what C(grub-mkconfig) builds - it sources
     C(/etc/default/grub) and then C(/etc/default/grub.d/*.cfg) in glob order - evaluated with C(/bin/sh) on the live
-    system and without any shell under a O(root) (see there) (GRUB_CMDLINE_LINUX, then GRUB_CMDLINE_LINUX_DEFAULT).
+    system and without any shell under a O(root) (see the notes) (GRUB_CMDLINE_LINUX, then GRUB_CMDLINE_LINUX_DEFAULT).
     The module's parameters live in the drop-in
     C(/etc/default/grub.d/DROPIN_NAME) (C(GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX ...")), removed when nothing is left to
     manage. A managed key set in an earlier file is removed from the assignment line that sets it - that token only,
@@ -53,6 +53,7 @@ attributes:
       marker); for grubby also the args of every boot entry that changes.
 extends_documentation_fragment:
   - gpunode.tuning.attributes
+  - gpunode.tuning.target.root
 options:
   parameters:
     description:
@@ -122,22 +123,6 @@ options:
     type: str
     choices: [auto, grub_debian, grubby]
     default: auto
-  root:
-    description:
-      - Directory every path is read and written under, for a captured or copied system tree. With a root other than
-        C(/) no command that touches the live system runs (no update-grub, no grubby) - the files are planned and
-        written under it only, RV(bootloader_updated) is false, and C(/boot/grub/grub.cfg) under it, when there, is
-        read as it is. The tools for O(bootloader=auto) are then looked for under it.
-      - With a root other than C(/) nothing of the tree runs on this host - no command at all. The GRUB files are
-        evaluated in Python as the assignment subset of sh - comments, line continuations, C(NAME=value) and
-        C(export), quotes, C($VAR), C(${VAR}), C(${VAR:-word}) and C(${VAR:+word}) of earlier assignments (variables
-        the files do not set are empty). A command substitution (C($) with parentheses, or backticks) is never run - the variable it
-        sets is unknown, which fails naming the file and line only when GRUB_CMDLINE_LINUX or
-        GRUB_CMDLINE_LINUX_DEFAULT depend on it. Any other command (C(if), C(.), C(echo), a pipe, a redirection, a
-        function) fails, naming the file and line. On the live system (O(root=/)) C(/bin/sh) sources the files as
-        update-grub does right after.
-    type: path
-    default: /
   procfs_path:
     description: Root of procfs, where C(cmdline) (the running command line) is read. Not under O(root).
     type: path
@@ -158,6 +143,15 @@ options:
 notes:
   - Commands run through the module - C(/bin/sh) (C(sh -n) and the evaluation of the GRUB files), C(update-grub) or
     C(grub-mkconfig), and C(grubby) - on the live system only; on a tree none runs.
+  - Under a O(root) other than C(/), RV(bootloader_updated) is false, C(/boot/grub/grub.cfg) under it, when there, is
+    read as it is, and the tools for O(bootloader=auto) are looked for under it.
+  - Under a O(root) other than C(/) the GRUB files are evaluated in Python as the assignment subset of sh - comments,
+    line continuations, C(NAME=value) and C(export), quotes, C($VAR), C(${VAR}), C(${VAR:-word}) and C(${VAR:+word}) of
+    earlier assignments (variables the files do not set are empty). A command substitution (C($) with parentheses, or
+    backticks) is never run - the variable it sets is unknown, which fails naming the file and line only when
+    GRUB_CMDLINE_LINUX or GRUB_CMDLINE_LINUX_DEFAULT depend on it. Any other command (C(if), C(.), C(echo), a pipe, a
+    redirection, a function) fails, naming the file and line. On the live system (O(root=/)) C(/bin/sh) sources the
+    files as update-grub does right after.
   - A file sourced after the drop-in that sets GRUB_CMDLINE_LINUX without C($GRUB_CMDLINE_LINUX) would drop the
     parameters; the module sees that in the evaluated result and fails before writing.
   - The glob order of grub.d is the C locale's, as the module runs update-grub with C(LC_ALL=C).
@@ -250,7 +244,9 @@ commands:
   elements: str
   sample: ["update-grub"]
 files:
-  description: Every file compared, with C(action) create, update, remove or unchanged, and the reason.
+  description:
+    - The drop-in, each GRUB file edited and the marker, with action and reason as M(gpunode.tuning.cpuset_slices)
+      returns its files in RV(gpunode.tuning.cpuset_slices#module:files).
   returned: success
   type: list
   elements: dict
@@ -266,12 +262,10 @@ msg:
   type: str
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import (
     ARGUMENT_SPEC, COMMANDS, MUTUALLY_EXCLUSIVE, REQUIRED_ONE_OF, TREE_COMMANDS, converge)
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import tree_which
 
 
 INPUT_RULES = {
@@ -286,10 +280,9 @@ INPUT_RULES = {
 def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES, mutually_exclusive=MUTUALLY_EXCLUSIVE, required_one_of=REQUIRED_ONE_OF)
     params = module.params
-    live = is_live_root(params["root"])
-    which = module.get_bin_path if live else tree_which(params["root"])
-    run = module_runner(module, commands=COMMANDS if live else TREE_COMMANDS)
-    result, diff = run_or_fail(module, converge, params, run, module.check_mode, live, which, procfs=params["procfs_path"])
+    target = module_target(module, COMMANDS, tree_commands=TREE_COMMANDS, decided_by=("root",))
+    result, diff = run_or_fail(module, converge, params, target.run, target.check, target.live, target.which,
+                               procfs=target.procfs)
     exit_with(module, result, diff, result.pop("warnings"))
 
 

@@ -46,6 +46,7 @@ attributes:
     details: Before and after of every file that differs.
 extends_documentation_fragment:
   - gpunode.tuning.attributes
+  - gpunode.tuning.target.root
 options:
   src:
     description:
@@ -107,10 +108,6 @@ options:
     description: Root of sysfs, for O(validate_pci).
     type: path
     default: /sys
-  root:
-    description: The root the files are read and written under. Anything but C(/) is a tree; O(verify) needs C(/).
-    type: path
-    default: /
   verify:
     description: Start a container and check from inside it that the file and the variable are there.
     type: dict
@@ -164,7 +161,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 files:
-  description: Every file compared, with C(action) create, update, remove or unchanged, and the reason.
+  description:
+    - The enroot and CDI files, O(nccl_conf_path) and, with O(content), O(src), with action and reason as
+      M(gpunode.tuning.cpuset_slices) returns its files in RV(gpunode.tuning.cpuset_slices#module:files).
   returned: always
   type: list
   elements: dict
@@ -212,9 +211,8 @@ nccl_log_status:
   type: str
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with, module_runner
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.nccl_topo import ARGUMENT_SPEC, REQUIRED_IF, converge
 
 
@@ -231,8 +229,8 @@ INPUT_RULES = {
 def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES, required_if=REQUIRED_IF)
     params = module.params
-    run = module_runner(module, commands=("podman", "enroot")) if is_live_root(params["root"]) else None
-    result, diff = run_or_fail(module, converge, params, run, module.check_mode)
+    target = module_target(module, ("podman", "enroot"))
+    result, diff = run_or_fail(module, converge, params, target.run, target.check)
     exit_with(module, result, diff, result.pop("warnings"))
 
 

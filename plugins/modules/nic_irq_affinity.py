@@ -53,6 +53,7 @@ attributes:
 extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.nic_selector
+  - gpunode.tuning.target.procfs_sysfs
 options:
   cpus:
     description:
@@ -230,34 +231,16 @@ rps:
         carries a mask the collection did not set).
       type: str
 irqbalance:
-  description: irqbalance state seen before planning.
+  description:
+    - irqbalance's state seen before planning - C(installed), C(active), C(enabled), C(masked), C(banned_cpus) and
+      C(source), as M(gpunode.tuning.irqbalance_facts) returns them in
+      RV(gpunode.tuning.irqbalance_facts#module:ansible_facts.irqbalance).
   returned: success
   type: dict
-  contains:
-    installed:
-      description: Whether irqbalance is installed.
-      type: bool
-    active:
-      description: Whether it runs.
-      type: bool
-    enabled:
-      description: Whether it starts at boot.
-      type: bool
-    masked:
-      description: Whether its unit is masked.
-      type: bool
-    banned_cpus:
-      description: CPUs it is told to avoid.
-      type: list
-      elements: int
-    source:
-      description: V(systemctl) or V(unit-files).
-      type: str
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module, run_or_fail
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import runner_for_roots
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import DESIRED_KEYS, PIN_ARGUMENT_SPEC, run_desired_state
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE
 
@@ -278,7 +261,7 @@ def main():
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
     desired = dict((key, params[key]) for key in DESIRED_KEYS)
     result = run_or_fail(module, run_desired_state, desired, check_mode=module.check_mode, procfs=procfs, sysfs=sysfs,
-                         run=runner_for_roots(module, procfs, sysfs))
+                         run=module_target(module).run)
     warnings = result.pop("warnings")
     rps_diff = result.pop("rps_diff")
     diff = result.pop("diff")

@@ -40,6 +40,7 @@ extends_documentation_fragment:
   - gpunode.tuning.attributes.read_only
   - gpunode.tuning.attributes.facts
   - gpunode.tuning.nic_selector
+  - gpunode.tuning.target.procfs_sysfs
 options:
   irq_affinity_format:
     description:
@@ -316,50 +317,15 @@ ansible_facts:
               type: list
               elements: str
         irqbalance:
-          description: irqbalance state.
+          description:
+            - irqbalance's state and the CPUs it bans, read with the code of M(gpunode.tuning.irqbalance_facts) - the
+              keys that module returns in RV(gpunode.tuning.irqbalance_facts#module:ansible_facts.irqbalance).
           type: dict
-          contains:
-            installed:
-              description: Whether the unit or binary exists.
-              type: bool
-            active:
-              description: Whether it runs now.
-              type: bool
-            enabled:
-              description: Whether it starts at boot.
-              type: bool
-            masked:
-              description: Whether the unit is masked.
-              type: bool
-            active_state:
-              description: C(systemctl is-active) output or the state inferred from the process list.
-              type: str
-            unit_file_state:
-              description: C(systemctl is-enabled) output or the state inferred from unit files.
-              type: str
-            banned_cpus:
-              description:
-                - The CPUs irqbalance bans, in its own order - a non-empty hex C(IRQBALANCE_BANNED_CPUS), else a
-                  non-empty C(IRQBALANCE_BANNED_CPULIST), else the isolated and nohz_full CPUs.
-                - See M(gpunode.tuning.irqbalance_facts), which also returns C(banned_by), C(isolated) and C(nohz_full).
-              type: list
-              elements: int
-            config_file:
-              description: The environment file read, C(/etc/default/irqbalance) or C(/etc/sysconfig/irqbalance).
-              type: str
-            source:
-              description: V(systemctl) or V(unit-files).
-              type: str
-            notes:
-              description: Parse problems in the config file.
-              type: list
-              elements: str
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import check_roots, roots_mixed, runner_for_roots
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import root_of
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import check_roots, roots_mixed
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance import read_irqbalance
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import (
     SELECTOR_ARGUMENT_SPEC,
@@ -382,7 +348,8 @@ def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES, mutually_exclusive=SELECTOR_MUTUALLY_EXCLUSIVE)
     params = module.params
     procfs, sysfs = params["procfs_path"], params["sysfs_path"]
-    run = runner_for_roots(module, procfs, sysfs)
+    target = module_target(module)
+    run = target.run
     selector = dict((key, params[key]) for key in SELECTOR_KEYS)
     try:
         check_roots(procfs, sysfs)
@@ -396,7 +363,7 @@ def main():
     topology.pop("cpu_node")  # derivable from numa_nodes; 1000+ entries on big machines
     add_cpulist_strings(nic, topology, irq_affinity_format=params["irq_affinity_format"])
     nic["topology"] = topology
-    nic["irqbalance"] = read_irqbalance(root_of(procfs), run=run)
+    nic["irqbalance"] = read_irqbalance(target.root, run=run)
     module.exit_json(changed=False, ansible_facts={"nic_irq": nic})
 
 

@@ -62,6 +62,7 @@ attributes:
 extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.nic_selector
+  - gpunode.tuning.target.procfs_sysfs
 options:
   state:
     description:
@@ -250,7 +251,9 @@ drift:
   type: list
   elements: str
 files:
-  description: Every file compared, with C(action) (V(create), V(update), V(remove), V(unchanged)) and C(reason).
+  description:
+    - The library, the entry point, O(state_file), the units, the udev rule and the if-up hooks, with action and
+      reason as M(gpunode.tuning.cpuset_slices) returns its files in RV(gpunode.tuning.cpuset_slices#module:files).
   returned: always
   type: list
   elements: dict
@@ -274,7 +277,9 @@ effective_lagging:
   type: list
   elements: str
 irqbalance:
-  description: irqbalance as seen before planning.
+  description:
+    - irqbalance as seen before planning, as M(gpunode.tuning.nic_irq_affinity) returns it in
+      RV(gpunode.tuning.nic_irq_affinity#module:irqbalance).
   returned: state=present
   type: dict
 irqbalance_state:

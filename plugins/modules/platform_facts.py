@@ -36,6 +36,7 @@ extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.attributes.read_only
   - gpunode.tuning.attributes.facts
+  - gpunode.tuning.target.procfs_sysfs
 options:
   page_size:
     description:
@@ -51,16 +52,6 @@ options:
       - The kernel config (C(config-<release>), or C(config.gz)) instead of C(/proc/config.gz) and
         C(/boot/config-<release>) under the tree's root.
     type: path
-  procfs_path:
-    description:
-      - Root of procfs. With O(sysfs_path) at a captured or generated tree, that tree is read instead of this host,
-        and no command runs.
-    type: path
-    default: /proc
-  sysfs_path:
-    description: Root of sysfs. See O(procfs_path).
-    type: path
-    default: /sys
 notes:
   - Commands run only against the live C(/proc) and C(/sys) - C(uname -m), C(getconf PAGESIZE),
     C(journalctl -k -b -o cat) and C(dmesg) - each optional; a missing one leaves its check V(unknown).
@@ -138,8 +129,8 @@ sources:
   type: dict
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.platform import PlatformError
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.platform_facts import gather_inputs, platform_facts
 
@@ -161,7 +152,7 @@ def main():
     failure = missing_cpu_root(params["procfs_path"], params["sysfs_path"])
     if failure:
         module.fail_json(**failure)
-    run = runner_for_roots(module, params["procfs_path"], params["sysfs_path"], commands=("uname", "getconf", "journalctl", "dmesg"))
+    run = module_target(module, ("uname", "getconf", "journalctl", "dmesg")).run
     try:
         inputs = gather_inputs(params["procfs_path"], run, params["kernel_log_path"], params["kernel_config_path"], params["page_size"])
         facts = platform_facts(params["procfs_path"], params["sysfs_path"], page_size=inputs["page_size"],

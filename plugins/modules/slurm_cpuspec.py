@@ -46,6 +46,7 @@ attributes:
     details: Before and after of every file that changes (slurm.conf, an include, cgroup.conf).
 extends_documentation_fragment:
   - gpunode.tuning.attributes
+  - gpunode.tuning.target.root
 options:
   path:
     description: The main C(slurm.conf). Relative C(Include) names are read from its directory, as Slurm does.
@@ -97,10 +98,6 @@ options:
     description: Copy each file to a timestamped backup before changing it (RV(backups)).
     type: bool
     default: false
-  root:
-    description: Directory every path is read and written under, for a captured or copied configuration.
-    type: path
-    default: /
   verify:
     description:
       - When the file already has what is asked, also ask slurmctld (C(scontrol show node -o)) and fail unless it reports

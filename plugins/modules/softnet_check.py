@@ -45,6 +45,7 @@ extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.attributes.read_only
   - gpunode.tuning.nic_selector
+  - gpunode.tuning.target.procfs_sysfs
 options:
   irq_cpus:
     description:
@@ -585,9 +586,9 @@ notes:
 import math
 
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import new_module
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import TreeError
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import check_roots, roots_mixed, runner_for_roots
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import check_roots, roots_mixed
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import SELECTOR_ARGUMENT_SPEC, SELECTOR_MUTUALLY_EXCLUSIVE, NicError, check_selector
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.check import DEFAULT_INTERVAL, SoftnetError, run_check
 from ansible_collections.gpunode.tuning.plugins.module_utils._softnet.verdict import DEFAULT_THRESHOLDS
@@ -643,7 +644,7 @@ def main():
         mixed = roots_mixed(procfs, sysfs)
         if mixed:
             module.warn("%s: the sample mixes two systems" % mixed)
-        result = run_check(params, procfs=procfs, sysfs=sysfs, run=runner_for_roots(module, procfs, sysfs))
+        result = run_check(params, procfs=procfs, sysfs=sysfs, run=module_target(module).run)
     except (SoftnetError, NicError, TreeError) as exc:
         module.fail_json(msg=str(exc), changed=False, **getattr(exc, "details", {}))
     if params["fail_on_contention"] and result["verdict"] == "contention":

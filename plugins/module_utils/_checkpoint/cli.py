@@ -20,6 +20,7 @@ Log lines go to stdout, which systemd sends to the journal.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 
@@ -37,7 +38,7 @@ def _log(message):
 def _seconds(value):
     """``--deadline``'s value: a finite number of seconds above 0 (ValueError otherwise)."""
     deadline = float(value)
-    if not deadline > 0 or deadline == float("inf"):
+    if not math.isfinite(deadline) or deadline <= 0:
         raise ValueError(value)
     return deadline
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import module_runner
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import ALLOWED_COMMANDS, module_runner
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import Target, is_live, is_live_root, root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
@@ -32,15 +32,18 @@ def new_module(argument_spec, input_rules, **kwargs):
     return module
 
 
-def module_target(module, commands, tree_commands=()):
+def module_target(module, commands=ALLOWED_COMMANDS, tree_commands=(), decided_by=("procfs_path", "sysfs_path", "root")):
     """The :class:`_host.target.Target` the module's options name, the same way for every module: ``procfs_path``
     and ``sysfs_path`` (the kernel's views) and ``root`` (the files under /etc, /usr), each left out meaning the live
-    node. The listed ``commands`` run only when every root given is the live one; on a tree only ``tree_commands``
-    (tools that read the files they are given) run, and no runner at all when there are none."""
+    node. The listed ``commands`` run only when every root in ``decided_by`` is the live one (kernel_cmdline: only
+    ``root``, where it writes; its ``procfs_path`` is read only for the running command line); on a tree only
+    ``tree_commands`` (tools that read the files they are given) run, and no runner at all when there are none."""
     params = module.params
     procfs, sysfs = params.get("procfs_path") or "/proc", params.get("sysfs_path") or "/sys"
     root = params.get("root") or root_of(procfs)
-    live = is_live(procfs, sysfs) and is_live_root(root)
+    views = ("procfs_path" not in decided_by or is_live(procfs, "/sys")) and ("sysfs_path" not in decided_by
+                                                                            or is_live("/proc", sysfs))
+    live = views and ("root" not in decided_by or is_live_root(root))
     allowed = commands if live else tree_commands
     return Target(root=root, procfs=procfs, sysfs=sysfs, run=module_runner(module, allowed) if allowed else None,
                   live=live, check=module.check_mode, which=module.get_bin_path if live else None,

@@ -474,4 +474,3 @@ def finish(prepared):
 def converge(params, root, run, check, sysfs=None, detect=None):
     """One pass: read, plan, apply. Returns the module's result (without ``diff``) and the diff list."""
     return finish(prepare(params, root, run, check, sysfs=sysfs, detect=detect))
-

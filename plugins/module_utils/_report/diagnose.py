@@ -203,8 +203,8 @@ def _facts(entry, page=False):
     """The facts under a host's heading, one source for the Markdown and the HTML (``page``): interface, PCI
     address and driver; on the page the IRQ CPUs; where the IRQ CPUs came from; in Markdown the sample's length, on
     the page the link speed; the rule that decided."""
-    facts = ["%s %s" % (label, entry[key]) for label, key in (("interface", "interface"), ("PCI", "pci_address"),
-                                                               ("driver", "driver")) if entry[key]]
+    labels = (("interface", "interface"), ("PCI", "pci_address"), ("driver", "driver"))
+    facts = ["%s %s" % (label, entry[key]) for label, key in labels if entry[key]]
     if page:
         facts.append("IRQ CPUs %s" % (_cpulist(entry["irq_cpus"]) or "none"))
     facts.append(_irq_source(entry))
@@ -287,8 +287,8 @@ def diagnose_markdown(report):
     """cluster.md: counts, the verdict rules, one table row per host (worst first), then each host's section."""
     lines = [md_heading(_TITLE), "",
              "Generated %s. %s." % (md_escape(report.get("generated_at") or ""), md_escape(diagnose_summary(report))), ""]
-    lines += md_table(("verdict", "hosts"), [(VERDICT_TEXT[verdict], report["counts"].get(verdict, 0))
-                                            for verdict in VERDICT_ORDER])
+    lines += md_table(("verdict", "hosts"),
+                      [(VERDICT_TEXT[verdict], report["counts"].get(verdict, 0)) for verdict in VERDICT_ORDER])
     lines += _md_rules(report)
     lines += md_section("Hosts, worst first")
     lines += md_table(_OVERVIEW, [_md_overview(entry) for entry in report["hosts"]])

@@ -25,6 +25,7 @@ from modharness import Exit, Fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import tree_which
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot import kernel_cmdline as K
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.args import KernelCmdlineError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host import module as _host_module
 from ansible_collections.gpunode.tuning.plugins.modules import kernel_cmdline
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "kernel_cmdline"
@@ -473,7 +474,7 @@ def default_info(text):
 def grubby_host(monkeypatch, tmp_path):
     """main() on the "live" system with the recorded runner injected (grubby only) and a tmp state_dir."""
     holder = {}
-    monkeypatch.setattr(kernel_cmdline, "module_runner", lambda module, commands: holder["runner"])
+    monkeypatch.setattr(_host_module, "module_runner", lambda module, commands: holder["runner"])
     monkeypatch.setattr(basic.AnsibleModule, "get_bin_path",
                         lambda self, name, required=False, opt_dirs=None: "/usr/bin/grubby" if name == "grubby" else None)
     proc = tmp_path / "proc"
