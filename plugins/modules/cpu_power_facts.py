@@ -345,9 +345,9 @@ ansible_facts:
   type: dict
 """
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import target_spec
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.power import cpu_power_facts
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root
 
 ARGUMENT_SPEC = dict(
     governor=dict(type="str", default="performance"),
@@ -359,8 +359,7 @@ ARGUMENT_SPEC = dict(
     remote_threshold_pct=dict(type="float", default=10),
     irq_cpus=dict(type="raw"),
     gpu_topology=dict(type="str", default="auto"),
-    procfs_path=dict(type="path", default="/proc"),
-    sysfs_path=dict(type="path", default="/sys"),
+    **target_spec("procfs_path", "sysfs_path")
 )
 
 
@@ -374,10 +373,7 @@ INPUT_RULES = {
 def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
-    failure = missing_cpu_root(params["procfs_path"], params["sysfs_path"])
-    if failure:
-        module.fail_json(**failure)
-    facts = run_or_fail(module, cpu_power_facts, params, module_target(module, ("nvidia-smi",)).run)
+    facts = run_or_fail(module, cpu_power_facts, params, module_target(module, ("nvidia-smi",), require=("cpu",)).run)
     module.exit_json(changed=False, ansible_facts={"cpu_power": facts}, **facts)
 
 

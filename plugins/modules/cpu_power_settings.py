@@ -110,10 +110,10 @@ notes:
   elements: str
 """
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import target_spec
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.power_settings import SettingsError, apply, kernel_check, plan
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, roots_mixed
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import COMMANDS as KERNEL_COMMANDS
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.kernel_cmdline import TREE_COMMANDS
 
@@ -125,19 +125,8 @@ ARGUMENT_SPEC = dict(
     bootloader=dict(type="str", choices=["auto", "grub_debian", "grubby"], default="auto"),
     persist=dict(type="bool", default=True),
     state=dict(type="str", choices=["present", "absent"], default="present"),
-    procfs_path=dict(type="path", default="/proc"),
-    sysfs_path=dict(type="path", default="/sys"),
+    **target_spec("procfs_path", "sysfs_path")
 )
-
-
-def _roots(module, procfs, sysfs):
-    failure = missing_cpu_root(procfs, sysfs)
-    if failure:
-        module.fail_json(changed=False, **failure)
-    mixed = roots_mixed(procfs, sysfs)
-    if mixed:
-        module.fail_json(changed=False, msg="refusing to write: %s" % mixed, value=[procfs, sysfs],
-                         expected="procfs_path and sysfs_path of one system")
 
 
 INPUT_RULES = {}
@@ -146,10 +135,8 @@ INPUT_RULES = {}
 def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
-    procfs, sysfs = params["procfs_path"], params["sysfs_path"]
-    _roots(module, procfs, sysfs)
-    target = module_target(module, KERNEL_COMMANDS, tree_commands=TREE_COMMANDS)
-    root = target.root
+    target = module_target(module, KERNEL_COMMANDS, tree_commands=TREE_COMMANDS, require=("cpu", "one_system"))
+    procfs, sysfs, root = target.procfs, target.sysfs, target.root
     kernel = (target.run, target.which, target.live, target.check)
     try:
         planned = plan(params, sysfs, procfs, root, kernel=kernel)

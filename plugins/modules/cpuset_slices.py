@@ -276,7 +276,6 @@ warnings:
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.cpuset_slices import ARGUMENT_SPEC, MUTUALLY_EXCLUSIVE, converge
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import roots_problem
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
 
 
@@ -295,10 +294,7 @@ INPUT_RULES = {
 def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES, mutually_exclusive=MUTUALLY_EXCLUSIVE)
     params = module.params
-    failure = roots_problem(params["root"], params["sysfs_path"])
-    if failure:
-        module.fail_json(changed=False, **failure)
-    target = module_target(module, ("systemctl",))
+    target = module_target(module, ("systemctl",), require=("root",))
     result, diff = run_or_fail(module, converge, params, target.run, target.check)
     exit_with(module, result, diff, result.pop("warnings"))
 

@@ -109,6 +109,7 @@ sources:
   type: dict
 """
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import target_spec
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.health import gpu_health
 
@@ -116,7 +117,7 @@ ARGUMENT_SPEC = dict(
     dcgm_level=dict(type="int", default=0, choices=[0, 1, 2, 3, 4]),
     nvidia_smi_xml_path=dict(type="path"),
     dcgmi_output_path=dict(type="path"),
-    sysfs_path=dict(type="path", default="/sys"),
+    **target_spec("sysfs_path")
 )
 
 

@@ -177,8 +177,8 @@ plan:
       sample: ["0000:42:01.0"]
 """
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import target_spec
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance import plan_ban, read_irqbalance
 
 ARGUMENT_SPEC = dict(
@@ -186,8 +186,7 @@ ARGUMENT_SPEC = dict(
     ban_isolated=dict(type="bool", default=True),
     banned_devices=dict(type="list", elements="str", default=[]),
     config_file=dict(type="path"),
-    procfs_path=dict(type="path", default="/proc"),
-    sysfs_path=dict(type="path", default="/sys"),
+    **target_spec("procfs_path", "sysfs_path")
 )
 
 
@@ -199,12 +198,8 @@ INPUT_RULES = {
 def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
-    procfs, sysfs = params["procfs_path"], params["sysfs_path"]
-    failure = missing_cpu_root(procfs, sysfs)
-    if failure:
-        module.fail_json(**failure)
-    target = module_target(module)
-    state = read_irqbalance(target.root, run=target.run, sysfs=sysfs, config_file=params["config_file"] or None)
+    target = module_target(module, require=("cpu",))
+    state = read_irqbalance(target.root, run=target.run, sysfs=target.sysfs, config_file=params["config_file"] or None)
     plan = run_or_fail(module, plan_ban, state, params["banned_cpus"], ban_isolated=params["ban_isolated"],
                        banned_devices=params["banned_devices"])
     module.exit_json(changed=False, ansible_facts={"irqbalance": state}, plan=plan)

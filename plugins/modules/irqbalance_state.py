@@ -181,17 +181,16 @@ ansible_facts:
   type: dict
 """
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import target_spec
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root, roots_mixed
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance_state import SETTINGS_SPEC, converge
 
 ARGUMENT_SPEC = dict(
     SETTINGS_SPEC,
     banned_cpus=dict(type="raw", default=[]),
     banned_devices=dict(type="list", elements="str", default=[]),
-    procfs_path=dict(type="path", default="/proc"),
-    sysfs_path=dict(type="path", default="/sys"),
+    **target_spec("procfs_path", "sysfs_path")
 )
 
 
@@ -203,15 +202,7 @@ INPUT_RULES = {
 def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
-    procfs, sysfs = params["procfs_path"], params["sysfs_path"]
-    failure = missing_cpu_root(procfs, sysfs)
-    if failure:
-        module.fail_json(**failure)
-    why = roots_mixed(procfs, sysfs)
-    if why:
-        module.fail_json(msg="%s: give both roots of one tree (T/proc and T/sys) or neither" % why, option="procfs_path",
-                         value={"procfs_path": procfs, "sysfs_path": sysfs})
-    target = module_target(module, commands=("systemctl",))
+    target = module_target(module, commands=("systemctl",), require=("cpu", "one_system"))
     result, diff = run_or_fail(module, converge, params, target.root, target.run, target.check, sysfs=target.sysfs,
                                detect=target.os_family)
     exit_with(module, result, diff)

@@ -129,17 +129,15 @@ sources:
   type: dict
 """
 
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import missing_cpu_root
-from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.platform import PlatformError
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import target_spec
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._gpu.platform_facts import gather_inputs, platform_facts
 
 ARGUMENT_SPEC = dict(
     page_size=dict(type="int"),
     kernel_log_path=dict(type="path"),
     kernel_config_path=dict(type="path"),
-    procfs_path=dict(type="path", default="/proc"),
-    sysfs_path=dict(type="path", default="/sys"),
+    **target_spec("procfs_path", "sysfs_path")
 )
 
 
@@ -149,16 +147,11 @@ INPUT_RULES = {}
 def main():
     module = new_module(ARGUMENT_SPEC, INPUT_RULES)
     params = module.params
-    failure = missing_cpu_root(params["procfs_path"], params["sysfs_path"])
-    if failure:
-        module.fail_json(**failure)
-    run = module_target(module, ("uname", "getconf", "journalctl", "dmesg")).run
-    try:
-        inputs = gather_inputs(params["procfs_path"], run, params["kernel_log_path"], params["kernel_config_path"], params["page_size"])
-        facts = platform_facts(params["procfs_path"], params["sysfs_path"], page_size=inputs["page_size"],
-                               kernel_log=inputs["kernel_log"], kernel_config=inputs["kernel_config"], machine=inputs["machine"])
-    except PlatformError as exc:
-        module.fail_json(msg=str(exc), **exc.details)
+    target = module_target(module, ("uname", "getconf", "journalctl", "dmesg"), require=("cpu",))
+    inputs = run_or_fail(module, gather_inputs, target.procfs, target.run, params["kernel_log_path"],
+                         params["kernel_config_path"], params["page_size"])
+    facts = run_or_fail(module, platform_facts, target.procfs, target.sysfs, page_size=inputs["page_size"],
+                        kernel_log=inputs["kernel_log"], kernel_config=inputs["kernel_config"], machine=inputs["machine"])
     facts["sources"] = inputs["sources"]
     module.exit_json(changed=False, ansible_facts={"platform": facts}, **facts)
 

@@ -27,6 +27,7 @@ import collections
 import json
 import os
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import target_spec
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub_cfg
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot import grub_eval
@@ -77,13 +78,11 @@ ARGUMENT_SPEC = dict(
         rcu_nocbs=dict(type="bool", default=False),
         allow_cpu0=dict(type="bool", default=False),
     )),
-    sysfs_path=dict(type="path", default="/sys"),
     state=dict(type="str", choices=list(STATES), default="present"),
     bootloader=dict(type="str", choices=list(BOOTLOADERS), default="auto"),
-    root=dict(type="path", default="/"),
-    procfs_path=dict(type="path", default="/proc"),
     state_dir=dict(type="path", default=STATE_DIR),
     dropin_name=dict(type="str", default=DROPIN),
+    **target_spec("root", "procfs_path", "sysfs_path")
 )
 MUTUALLY_EXCLUSIVE = [("parameters", "isolate"), ("remove", "isolate")]
 REQUIRED_ONE_OF = [("parameters", "isolate", "remove")]

@@ -47,6 +47,7 @@ import os
 import re
 import time
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import target_spec
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpu_partition import PartitionError, as_cpulists, split
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import format_cpulist
@@ -83,8 +84,7 @@ ARGUMENT_SPEC = dict(
     cpu_affinity=dict(type="bool", default=False),
     dropin_name=dict(type="str", default=DEFAULT_DROPIN),
     state=dict(type="str", choices=list(STATES), default="present"),
-    root=dict(type="path", default="/"),
-    sysfs_path=dict(type="path", default="/sys"),
+    **target_spec("root", "sysfs_path")
 )
 MUTUALLY_EXCLUSIVE = [("housekeeping_cpus", "irq_cpus"), ("housekeeping_cpus", "reserved_cpus")]
 # How _cpu_partition's errors name the module's options.

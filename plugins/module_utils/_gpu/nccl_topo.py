@@ -31,6 +31,7 @@ import re
 import shlex
 import xml.etree.ElementTree as ET
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import target_spec
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import join, list_dir
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import is_live_root
@@ -64,13 +65,12 @@ ARGUMENT_SPEC = dict(
     nccl_conf=dict(type="dict"),
     nccl_conf_path=dict(type="path", default="/etc/nccl.conf"),
     validate_pci=dict(type="bool", default=False),
-    sysfs_path=dict(type="path", default="/sys"),
-    root=dict(type="path", default="/"),
     verify=dict(type="dict", options=dict(
         runtime=dict(type="str", choices=list(VERIFY_RUNTIMES), required=True),
         image=dict(type="str", required=True),
     )),
     nccl_log=dict(type="str"),
+    **target_spec("sysfs_path", "root")
 )
 REQUIRED_IF = [("state", "present", ("src",))]
 

@@ -15,7 +15,8 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import ALLOWED_COMMANDS, module_runner
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import Target, is_live, is_live_root, root_of
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import (
+    Target, is_live, is_live_root, missing_cpu_root, root_of, roots_mixed, roots_problem)
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import validate_module
 
 
@@ -32,18 +33,41 @@ def new_module(argument_spec, input_rules, **kwargs):
     return module
 
 
-def module_target(module, commands=ALLOWED_COMMANDS, tree_commands=(), decided_by=("procfs_path", "sysfs_path", "root")):
+def _require(module, require, procfs, sysfs, root):
+    failure = None
+    if "cpu" in require:
+        failure = missing_cpu_root(procfs, sysfs)
+    if failure is None and "one_system" in require:
+        why = roots_mixed(procfs, sysfs)
+        if why:
+            failure = dict(msg="refusing to write: %s: give both roots of one tree (T/proc and T/sys) or neither" % why,
+                           option="procfs_path", value={"procfs_path": procfs, "sysfs_path": sysfs},
+                           expected="procfs_path and sysfs_path of one system")
+    if failure is None and "root" in require:
+        failure = roots_problem(root, sysfs)
+    if failure is not None:
+        module.fail_json(changed=False, **failure)
+
+
+def module_target(module, commands=ALLOWED_COMMANDS, tree_commands=(), decided_by=("procfs_path", "sysfs_path", "root"),
+                  require=()):
     """The :class:`_host.target.Target` the module's options name, the same way for every module: ``procfs_path``
     and ``sysfs_path`` (the kernel's views) and ``root`` (the files under /etc, /usr), each left out meaning the live
     node. The listed ``commands`` run only when every root in ``decided_by`` is the live one (kernel_cmdline: only
     ``root``, where it writes; its ``procfs_path`` is read only for the running command line); on a tree only
-    ``tree_commands`` (tools that read the files they are given) run, and no runner at all when there are none."""
+    ``tree_commands`` (tools that read the files they are given) run, and no runner at all when there are none.
+
+    ``require`` names what the roots must be, checked before anything is read (the module fails naming the
+    option): ``cpu`` (a procfs and a sysfs with devices/system/cpu: a missing root would read as "no isolated CPUs,
+    not installed"), ``one_system`` (procfs_path and sysfs_path of one system: a write never mixes a captured tree
+    with the live /proc or /sys), ``root`` (root and sysfs_path are directories of one system)."""
     params = module.params
     procfs, sysfs = params.get("procfs_path") or "/proc", params.get("sysfs_path") or "/sys"
     root = params.get("root") or root_of(procfs)
-    views = ("procfs_path" not in decided_by or is_live(procfs, "/sys")) and ("sysfs_path" not in decided_by
-                                                                            or is_live("/proc", sysfs))
-    live = views and ("root" not in decided_by or is_live_root(root))
+    _require(module, require, procfs, sysfs, root)
+    checks = (("procfs_path", lambda: is_live(procfs, "/sys")), ("sysfs_path", lambda: is_live("/proc", sysfs)),
+              ("root", lambda: is_live_root(root)))
+    live = all(live_one() for option, live_one in checks if option in decided_by)
     allowed = commands if live else tree_commands
     return Target(root=root, procfs=procfs, sysfs=sysfs, run=module_runner(module, allowed) if allowed else None,
                   live=live, check=module.check_mode, which=module.get_bin_path if live else None,

@@ -170,3 +170,17 @@ class Target(object):
         error class."""
         kwargs = dict((k, v) for k, v in (("error", error), ("why", why)) if v is not None)
         return Systemd(self.run if self.live else None, self.check, **kwargs)
+
+
+# The options that name a module's target, spelled and typed the same in every module (one doc fragment:
+# gpunode.tuning.target): the kernel's views and the root of the files.
+TARGET_OPTIONS = {
+    "procfs_path": dict(type="path", default="/proc"),
+    "sysfs_path": dict(type="path", default="/sys"),
+    "root": dict(type="path", default="/"),
+}
+
+
+def target_spec(*names):
+    """The argument spec entries of the target options ``names`` (``procfs_path``, ``sysfs_path``, ``root``)."""
+    return dict((name, dict(TARGET_OPTIONS[name])) for name in names)

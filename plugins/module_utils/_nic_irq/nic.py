@@ -28,6 +28,7 @@ import json
 import os
 import re
 
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import target_spec
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import (
     TreeError,
@@ -49,8 +50,7 @@ MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5,19}$")
 SELECTOR_KEYS = ("interface", "pci_address", "mac", "cidr")
 SELECTOR_ARGUMENT_SPEC = dict(
     [(key, dict(type="str")) for key in SELECTOR_KEYS],
-    procfs_path=dict(type="path", default="/proc"),
-    sysfs_path=dict(type="path", default="/sys"),
+    **target_spec("procfs_path", "sysfs_path")
 )
 SELECTOR_MUTUALLY_EXCLUSIVE = [SELECTOR_KEYS]
 
