@@ -51,7 +51,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpu_partition import PartitionError, as_cpulists, split
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import format_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import join, read_cpulist
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import join, read_cpulist, write_kernel_file
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import (
     UNIT_DIR, PersistError, apply_files, plan_files, rooted)
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.systemd import Systemd
@@ -340,8 +340,7 @@ def _prune(root, removed):
 
 
 def _write_cpus(cgroot, rel, text):
-    with open(os.path.join(cgroot, rel, "cpuset.cpus"), "w") as handle:
-        handle.write(text + "\n")
+    write_kernel_file(os.path.join(cgroot, rel, "cpuset.cpus"), text + "\n")
 
 
 def _release_cpus(cgroot, live):

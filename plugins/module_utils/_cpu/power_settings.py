@@ -28,9 +28,9 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._boot import kernel
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.freq import FreqError, check_governor, read_freq
 from ansible_collections.gpunode.tuning.plugins.module_utils._cpu.idle import LIMIT_KEYS, IdleError, check_state_indexes, read_idle
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.errors import DetailedError
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import join, read_text
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import join, read_text, write_kernel_file
 from ansible_collections.gpunode.tuning.plugins.module_utils._boot.args import KernelCmdlineError
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import PersistError, apply_files, plan_files, rooted
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import PersistError, apply_files, plan_files, rollback_files
 
 TMPFILES = "/etc/tmpfiles.d/gpunode-cpu-power.conf"
 HEADER = "# Managed by gpunode.tuning (cpu_power_settings). Applied at boot by systemd-tmpfiles.\n"
@@ -112,7 +112,7 @@ def plan(params, sysfs, procfs, root, kernel=None):
 def apply(planned, root, write_sysfs=None):
     """Carry out ``planned``: sysfs writes (read back, all or nothing), the persistence file, the kernel command line.
     Returns the kernel_cmdline (result, diff), or (None, []) without ``remove_kernel_limits``."""
-    write_sysfs = write_sysfs or _write_sysfs
+    write_sysfs = write_sysfs or write_kernel_file
     done = []
 
     def put_back():
@@ -137,10 +137,10 @@ def apply(planned, root, write_sysfs=None):
                 "putting back failed for %s" % ", ".join(problems)), path=item["path"], value=item["after"],
                 rollback_failed=problems)
         done.append(item)
-    old_file = _snapshot(root, planned["actions"])
+    undo_files = None
     if any(a["action"] != "unchanged" for a in planned["actions"]):
         try:
-            apply_files(planned["files"], planned["actions"], root=root)
+            undo_files = apply_files(planned["files"], planned["actions"], root=root)
         except PersistError as exc:
             problems = put_back()
             raise SettingsError("%s; the sysfs writes were %s" % (exc, "put back" if not problems else
@@ -151,9 +151,7 @@ def apply(planned, root, write_sysfs=None):
         return kcmd.finish(planned["kernel"])
     except KernelCmdlineError as exc:
         problems = put_back()
-        try:
-            _restore(root, old_file)
-        except (OSError, PersistError):
+        if undo_files is not None and rollback_files(undo_files)["failed"]:
             problems.append(TMPFILES)
         raise SettingsError("%s; the sysfs writes and %s were %s" % (exc, TMPFILES, "put back" if not problems else
                             "not all put back (%s)" % ", ".join(problems)), **exc.details)
@@ -162,25 +160,3 @@ def apply(planned, root, write_sysfs=None):
 def kernel_check(planned):
     """The kernel_cmdline result and diff in check mode (nothing is written)."""
     return kcmd.finish(planned["kernel"]) if planned["kernel"] is not None else (None, [])
-
-
-def _snapshot(root, actions):
-    out = []
-    for act in actions:
-        try:
-            with open(rooted(root, act["path"]), "rb") as handle:
-                out.append((act["path"], handle.read()))
-        except (IOError, OSError):
-            out.append((act["path"], None))
-    return out
-
-
-def _restore(root, snapshot):
-    files = dict((p, (d, 0o644)) for p, d in snapshot if d is not None)
-    remove = [p for p, d in snapshot if d is None]
-    apply_files(files, [a for a in plan_files(files, remove, root) if a["action"] != "unchanged"], root)
-
-
-def _write_sysfs(path, value):
-    with open(path, "w") as handle:
-        handle.write(value)

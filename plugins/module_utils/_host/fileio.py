@@ -104,6 +104,17 @@ def read_int(path, default=None, base=10):
         return default
 
 
+def write_kernel_file(path, text):
+    """The one writer of kernel files (procfs, sysfs, cgroupfs): ``text`` in one ``write(2)``, as the kernel takes a
+    value, without ``O_CREAT`` (a file that is not there is an error, never a new regular file in a tree); ASCII,
+    which every value the validator passes is."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, text.encode("ascii"))
+    finally:
+        os.close(fd)
+
+
 def read_cpulist(path, default=None):
     """A CPU list file (``0-3,8``); ``(null)`` and empty read as ``[]``."""
     text = read_text(path)

@@ -37,7 +37,7 @@ import os
 import tempfile
 
 from ansible_collections.gpunode.tuning.plugins.module_utils._parse.cpulist import format_cpulist, parse_cpulist
-from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exclusive_lock, join, read_raw, read_text
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exclusive_lock, join, read_raw, read_text, write_kernel_file
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.target import check_roots, root_of
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance import read_irqbalance
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic import (
@@ -62,14 +62,6 @@ PIN_LOCK = "run/gpunode/nic-irq-pin.lock"
 PIN_LOCK_WAIT = 25.0
 
 
-def _write_file(path, text):
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-    try:
-        os.write(fd, text.encode("ascii"))
-    finally:
-        os.close(fd)
-
-
 def apply_plan(plan, procfs="/proc", strict=False, write=None, refusals=None):
     """Write the plan's changes; return the plan with statuses updated.
 
@@ -81,7 +73,7 @@ def apply_plan(plan, procfs="/proc", strict=False, write=None, refusals=None):
     IRQs changed so far (newest first) and raises AffinityError naming IRQ,
     value and error.
     """
-    write = write or _write_file
+    write = write or write_kernel_file
     done = []
     refused = []
     for item in plan.items:
@@ -194,7 +186,7 @@ def restore_pins(irqs, procfs="/proc", write=None):
     """Put every IRQ that a :func:`run_desired_state` result moved (``irqs``, status ``changed``) back to its
     ``before`` smp_affinity_list, newest first, as a failed write of :func:`apply_plan` does; for a run whose later
     steps (the persistence files) failed. Updates ``irqs`` in place; returns ``restored``, ``failed``, ``summary``."""
-    write = write or _write_file
+    write = write or write_kernel_file
     moved = [item for item in irqs if item.get("status") == "changed"]
     done = []
     for item in moved:
@@ -258,9 +250,9 @@ def _apply_rps(rps, plan, procfs, sysfs, write):
     """Write the RPS plan after the pins; a failed write puts back the RPS masks written (``apply_rps``) and then
     every IRQ this run moved, and raises AffinityError naming both."""
     try:
-        apply_rps(rps, sysfs, write or _write_file)
+        apply_rps(rps, sysfs, write or write_kernel_file)
     except RpsError as exc:
-        pins = _rollback([i for i in plan.items if i.status == "changed"], procfs, write or _write_file)
+        pins = _rollback([i for i in plan.items if i.status == "changed"], procfs, write or write_kernel_file)
         raise AffinityError("%s; pins: %s" % (exc, pins["summary"]), pins_rolled_back=pins["restored"],
                             pins_rollback_failed=pins["failed"],
                             changed=bool(pins["failed"] or exc.details.get("rps_rollback_failed")), **exc.details)
@@ -378,7 +370,7 @@ def release_rps(pci_address, previous, check_mode=False, procfs="/proc", sysfs="
     try:
         rps = plan_rps(sysfs, interface, read_topology(sysfs=sysfs, procfs=procfs), release=previous)
         if not check_mode:
-            apply_rps(rps, sysfs, write or _write_file)
+            apply_rps(rps, sysfs, write or write_kernel_file)
     except RpsError as exc:
         raise _rps_error(exc)
     items = rps["queues"]
@@ -390,7 +382,7 @@ def restore_rps_masks(result, sysfs="/sys", write=None):
     """Put back every RX queue whose RPS mask a :func:`run_desired_state` (or :func:`release_rps`) result changed,
     newest first, as a failed RPS write does; for a run whose later steps failed. Returns ``restored``, ``failed``,
     ``summary``."""
-    return restore_rps(result.get("rps"), sysfs, result["interface"], write or _write_file)
+    return restore_rps(result.get("rps"), sysfs, result["interface"], write or write_kernel_file)
 
 
 def verify_pins(result, procfs="/proc", sysfs="/sys", run=None):

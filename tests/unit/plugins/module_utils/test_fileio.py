@@ -16,6 +16,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import
     read_int,
     read_raw,
     read_text,
+    write_kernel_file,
 )
 
 
@@ -70,3 +71,20 @@ def test_procfs_files_of_this_host_are_regular_and_read():
     # The live /proc reports its files as regular files of size 0; the regular-file check must not refuse them.
     assert read_text("/proc/self/stat").split()[0] == str(os.getpid())
     assert read_cpulist("/sys/devices/system/cpu/online")
+
+
+def test_the_kernel_file_writer_never_creates_a_file(tmp_path):
+    """The one writer of procfs/sysfs/cgroupfs values (pins, RPS masks, governors, cpuset.cpus): a file that is not
+    there is an error - a kernel file cannot be made by writing it, and in a tree a new regular file would be a
+    value the tree never had - and an existing one gets exactly the text, replacing what was there."""
+    missing = tmp_path / "irq" / "42" / "smp_affinity_list"
+    missing.parent.mkdir(parents=True)
+    with pytest.raises(FileNotFoundError):
+        write_kernel_file(str(missing), "3\n")
+    assert not missing.exists()
+    present = tmp_path / "scaling_governor"
+    present.write_text("powersave\n")
+    write_kernel_file(str(present), "performance")
+    assert present.read_text() == "performance"
+    with pytest.raises(UnicodeEncodeError):
+        write_kernel_file(str(present), "perf\u00e9")

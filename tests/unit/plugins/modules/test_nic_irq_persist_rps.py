@@ -101,14 +101,14 @@ def test_converge_stores_rps_then_idempotent_and_check_clean(lab):
 
 def test_a_failed_rps_write_puts_back_masks_and_pins_and_writes_no_file(lab, monkeypatch):
     before, pins, files = masks(lab), lab.all_affinities(), snapshot(lab.root)
-    real = _irq_affinity._write_file
+    real = _irq_affinity.write_kernel_file
 
     def refuse_rx3(path, text):
         if path.endswith("/rx-3/rps_cpus"):
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
         real(path, text)
 
-    monkeypatch.setattr(_irq_affinity, "_write_file", refuse_rx3)
+    monkeypatch.setattr(_irq_affinity, "write_kernel_file", refuse_rx3)
     kind, res = run(args(lab))
     assert kind is Fail and "rx-3 failed: [EINVAL]" in res["msg"] and "put back" in res["msg"], res["msg"]
     assert res["rps_rolled_back"] == [2, 1, 0] and res["pins_rolled_back"] and res["changed"] is False
