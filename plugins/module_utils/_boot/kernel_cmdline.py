@@ -55,6 +55,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._host.files import 
     apply_files,
     marker_bytes,
     plan_files,
+    rollback_files,
     rooted,
 )
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.validate import InputError, check_own_file
@@ -310,27 +311,10 @@ def prepare(params, run, check, live, which, procfs="/proc"):
 
 # ----------------------------------------------------------------- apply --
 
-def _snapshot(actions, root):
-    out = []
-    for act in actions:
-        path = rooted(root, act["path"])
-        try:
-            with open(path, "rb") as handle:
-                out.append((act["path"], handle.read(), os.stat(path).st_mode & 0o7777))
-        except (IOError, OSError):
-            out.append((act["path"], None, None))
-    return out
-
-
-def _restore(snapshot, root):
-    files = dict((p, (d, m)) for p, d, m in snapshot if d is not None)
-    remove = [p for p, d, _m in snapshot if d is None]
-    apply_files(files, [a for a in plan_files(files, remove, root) if a["action"] != "unchanged"], root)
-
-
 def _write(prepared, write):
+    """The planned files, all or nothing; returns the undo record (:func:`_host.files.rollback_files`)."""
     try:
-        apply_files(prepared["files"], prepared["changes"], prepared["root"], write=write)
+        return apply_files(prepared["files"], prepared["changes"], prepared["root"], write=write)
     except PersistError as exc:
         raise KernelCmdlineError(str(exc), **exc.details)
 
@@ -347,17 +331,14 @@ def _finish_grub(prepared, write):
     root, run, managed, warnings = prepared["root"], prepared["run"], prepared["managed"], prepared["warnings"]
     updated = False
     if prepared["changes"] and not prepared["check"]:
-        snapshot = _snapshot(prepared["changes"], root)
-        _write(prepared, write)
+        undo = _write(prepared, write)
         if prepared["live"]:
             try:
                 _run(run, prepared["argvs"][0], [])
             except KernelCmdlineError as exc:
-                try:
-                    _restore(snapshot, root)
-                    why = "the configuration files were put back"
-                except PersistError as perr:
-                    why = "putting the configuration files back failed too (%s)" % perr
+                failed = rollback_files(undo)["failed"]
+                why = ("the configuration files were put back" if not failed
+                       else "putting the configuration files back failed too (%s)" % ", ".join(failed))
                 raise KernelCmdlineError("%s; %s" % (exc, why), **exc.details)
             updated = True
     next_boot = None
