@@ -58,7 +58,8 @@ AREAS = {
     "slurm": (
         [MU + "_slurm/conf.py", MU + "_slurm/cpus.py", MU + "_slurm/view.py", MU + "_slurm/sysfs.py",
          MU + "_slurm/topology.py", MU + "_slurm/scontrol.py"],
-        [UT + "test_slurm_conf.py", UT + "test_slurm_cpus.py", UM + "test_slurm_cpuspec.py"],
+        [UT + "test_slurm_conf.py", UT + "test_slurm_cpus.py", UT + "test_slurm_inputs_results.py",
+         UM + "test_slurm_cpuspec.py"],
     ),
     "kernel_cmdline": (
         [MU + "_boot/kernel_cmdline.py", MU + "_boot/args.py", MU + "_boot/grub.py", MU + "_boot/grub_eval.py",
