@@ -40,8 +40,6 @@ description:
     created is removed), and the units the run started are stopped again."
   - "Returns the copier's status: what is staged, what was copied, the oldest checkpoint not yet durable and the
     last error. In check mode the same run is the exact plan, with C(--diff)."
-author:
-  - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
     support: full
@@ -273,6 +271,7 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.cli imp
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.install import UNIT_DIR
 from ansible_collections.gpunode.tuning.plugins.module_utils._checkpoint.staging import converge
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.payload import install_spec
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 
 ARGUMENT_SPEC = dict(
@@ -300,11 +299,9 @@ ARGUMENT_SPEC = dict(
     timeout=dict(type="int", default=3600),
     config_file=dict(type="path", default="/etc/gpunode/ckpt-copier.json"),
     state_file=dict(type="path", default="/var/lib/gpunode-ckpt/state.json"),
-    lib_dir=dict(type="path", default="/usr/local/lib/gpunode-ckpt-copier"),
-    entry_point=dict(type="path", default="/usr/local/sbin/gpunode-ckpt-copier"),
-    python=dict(type="path", default="/usr/bin/python3"),
     mountinfo_path=dict(type="path", default="/proc/self/mountinfo"),
     unit_dir=dict(type="path", default=UNIT_DIR),
+    **install_spec("/usr/local/lib/gpunode-ckpt-copier", "/usr/local/sbin/gpunode-ckpt-copier")
 )
 INPUT_RULES = {
     "staging_owner": "user",

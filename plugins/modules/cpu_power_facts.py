@@ -31,15 +31,6 @@ description:
   - "GPU locality where GPUs exist: C(nvidia-smi topo -m) parsed - each GPU's local CPUs and NUMA node, and the
     path class to each NIC."
   - Read-only.
-author:
-  - gpunode.tuning contributors (@gpunode)
-attributes:
-  check_mode:
-    support: full
-    details: Read-only; check mode reads and samples exactly as a normal run does.
-  facts:
-    support: full
-    details: Sets C(ansible_facts.cpu_power).
 extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.attributes.read_only

@@ -23,8 +23,6 @@ description:
     index no CPU has - and the error names the value.
   - O(state=absent) removes the file; the live values stay as they are (they are what the kernel would pick after
     the next boot anyway, unless something else sets them).
-author:
-  - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
     support: full

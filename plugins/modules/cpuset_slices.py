@@ -37,8 +37,6 @@ description:
     with C(systemctl set-property)); it is reported in RV(drift) and, on the live host, fixed like a file change.
   - Every input is checked before anything changes. cgroup v1, the hybrid layout and a kernel without the cpuset
     controller are refused.
-author:
-  - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
     support: full

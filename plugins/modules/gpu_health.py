@@ -26,18 +26,13 @@ description:
   - With O(dcgm_level), C(dcgmi diag -r LEVEL), parsed for the DCGM 2.x/3.x table and the 4.x per-plugin layout;
     one finding per test, and a C(Skip) is V(not_applicable), never a pass.
   - Read-only (C(dcgmi diag) loads the GPUs for its duration; run it when no job runs).
-author:
-  - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
     support: full
-    details: Read-only; check mode reads and runs the diagnostics exactly as a normal run does.
-  facts:
-    support: none
+    details: Read-only, but check mode runs the DCGM diagnostics of O(dcgm_level) exactly as a normal run does.
 extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.attributes.read_only
-  - gpunode.tuning.attributes.facts
   - gpunode.tuning.target.sysfs
 options:
   dcgm_level:

@@ -22,15 +22,6 @@ description:
     M(gpunode.tuning.irqbalance_state) uses the same reading and plan, so the role and the C(nic_irq_*) modules read
     irqbalance the same way.
   - Needs no NIC. M(gpunode.tuning.nic_irq_facts) reports the same irqbalance facts with a NIC's.
-author:
-  - gpunode.tuning contributors (@gpunode)
-attributes:
-  check_mode:
-    support: full
-    details: Read-only; check mode returns the same facts.
-  facts:
-    support: full
-    details: Sets C(ansible_facts.irqbalance).
 extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.attributes.read_only

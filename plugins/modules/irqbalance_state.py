@@ -30,8 +30,6 @@ description:
     done inside this run, so it comes before anything the caller pins next.
   - irqbalance not installed (no O(binary)) and no marker is a fine state, reported, with nothing done.
   - Every input is checked before anything changes.
-author:
-  - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
     support: full

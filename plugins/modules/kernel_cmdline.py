@@ -40,8 +40,6 @@ description:
     backslashes, C(;), C(|), C(&), C(<) or C(>), no empty or repeated key), the C(isolcpus) flags (C(domain),
     C(managed_irq), C(nohz)) and the CPU lists of C(isolcpus), C(nohz_full), C(rcu_nocbs) and C(irqaffinity), every GRUB
     file (C(sh -n)), and the result grub-mkconfig would build (each managed parameter on it exactly once).
-author:
-  - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
     support: full

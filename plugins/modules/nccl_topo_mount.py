@@ -34,8 +34,6 @@ description:
   - With O(verify) (only with O(root=/)) it starts a container after writing and proves from inside that
     C(NCCL_TOPO_FILE) is O(container_path), that the file there is readable and that its sha256 is the host file's;
     the module fails naming what the container lacks.
-author:
-  - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
     support: full

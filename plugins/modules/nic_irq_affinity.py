@@ -40,8 +40,6 @@ description:
     real run that saw a refusal."
   - An IRQ whose C(effective_affinity_list) has not followed its C(smp_affinity_list) yet (it moves at the next
     interrupt) is reported as V(pending) and never rewritten for that.
-author:
-  - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
     support: full

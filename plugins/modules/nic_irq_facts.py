@@ -26,15 +26,6 @@ description:
     from C(ethtool -l) and sysfs, the CPU topology (online CPUs, SMT sibling groups read from
     C(thread_siblings_list), NUMA nodes, isolated, nohz_full, default_smp_affinity) and the irqbalance state.
   - IRQ numbers, interface names and CPU numbering are rediscovered on every run; nothing is cached.
-author:
-  - gpunode.tuning contributors (@gpunode)
-attributes:
-  check_mode:
-    support: full
-    details: Read-only; check mode returns the same facts.
-  facts:
-    support: full
-    details: Sets C(ansible_facts.nic_irq).
 extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.attributes.read_only

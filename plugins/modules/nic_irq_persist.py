@@ -48,8 +48,6 @@ description:
     masks before the collection's first run are not recorded."
   - On a captured or generated tree (O(procfs_path)/O(sysfs_path) not the live ones), the files go under that tree's
     root and no command (systemctl, udevadm) runs; the systemd actions are reported as they would be.
-author:
-  - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
     support: full
@@ -294,6 +292,7 @@ irqbalance_state:
 # Imported so that AnsiballZ ships the entry point's whole import closure, which is installed from this payload.
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_cli import main as _entry_point_main  # noqa: F401
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.fileio import exit_with
+from ansible_collections.gpunode.tuning.plugins.module_utils._host.payload import install_spec
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.module import module_target, new_module, run_or_fail
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import PIN_ARGUMENT_SPEC
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.irqbalance_state import SETTINGS_SPEC
@@ -307,13 +306,11 @@ ARGUMENT_SPEC = dict(
     verify=dict(type="bool", default=True),
     recheck_interval=dict(type="str", default="5min"),
     state_file=dict(type="path", default="/etc/gpunode/nic-irq-affinity.json"),
-    lib_dir=dict(type="path", default="/usr/local/lib/gpunode-tuning"),
-    entry_point=dict(type="path", default="/usr/local/sbin/gpunode-nic-irq-pin"),
-    python=dict(type="path", default="/usr/bin/python3"),
     timeout=dict(type="int", default=30),
     assume_irqbalance_stopped=dict(type="bool", default=False),
     irqbalance=dict(type="dict", options=SETTINGS_SPEC),
-    **PIN_ARGUMENT_SPEC
+    **PIN_ARGUMENT_SPEC,
+    **install_spec("/usr/local/lib/gpunode-tuning", "/usr/local/sbin/gpunode-nic-irq-pin")
 )
 INPUT_RULES = {
     "cidr": "cidr",

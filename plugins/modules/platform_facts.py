@@ -23,15 +23,6 @@ description:
     SMT clause (a C(Mitigation:) that ends C(SMT vulnerable) still warns)."
   - A check with no evidence is V(unknown), not a pass. A virtual machine is reported, not failed.
   - Read-only. The preflight playbook (C(playbooks/preflight.yml)) turns the findings into a gate.
-author:
-  - gpunode.tuning contributors (@gpunode)
-attributes:
-  check_mode:
-    support: full
-    details: Read-only; check mode reads exactly as a normal run does.
-  facts:
-    support: full
-    details: Sets C(ansible_facts.platform).
 extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.attributes.read_only

@@ -35,8 +35,6 @@ description:
   - Nothing is reconfigured. RV(reconfigure_required) says that slurmctld and the slurmds must read the new file
     (C(scontrol reconfigure), or a restart where the node definitions changed); the C(gpunode.tuning.slurm_cpuspec)
     role does that through a handler when allowed.
-author:
-  - gpunode.tuning contributors (@gpunode)
 attributes:
   check_mode:
     support: full

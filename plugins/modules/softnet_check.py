@@ -35,12 +35,6 @@ description:
     squeeze at or above O(squeeze_rate). Their remedy is more IRQ CPUs or RPS, not more queues; they are not
     contention."
   - Read-only. It sleeps O(interval) seconds between the two samples, also in check mode.
-author:
-  - gpunode.tuning contributors (@gpunode)
-attributes:
-  check_mode:
-    support: full
-    details: Read-only; check mode samples exactly as a normal run does and changes nothing.
 extends_documentation_fragment:
   - gpunode.tuning.attributes
   - gpunode.tuning.attributes.read_only

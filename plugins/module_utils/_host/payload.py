@@ -35,6 +35,14 @@ MANIFEST = ".gpunode-tuning-installed.json"
 _IMPORT = re.compile(r"^[ \t]*from ansible_collections\.gpunode\.tuning\.plugins\.module_utils\.(_\w+(?:\.\w+)?) import \(?([\w ,]*)", re.M)
 
 
+def install_spec(lib_dir, entry_point, python="/usr/bin/python3"):
+    """The argument spec of the options that say where a module installs the library and its entry point on the
+    node and which Python runs it (checkpoint_staging's copier, nic_irq_persist's boot-time pinner), each with the
+    module's default."""
+    return dict(lib_dir=dict(type="path", default=lib_dir), entry_point=dict(type="path", default=entry_point),
+                python=dict(type="path", default=python))
+
+
 def _source(name):
     """Source bytes of module_utils ``name`` (dotted, ``_pkg.mod``) from wherever it was imported (a file, or
     AnsiballZ's zip)."""

@@ -180,10 +180,22 @@ def test_every_error_of_module_utils_derives_from_the_one_base():
 # ---------------------------------------------------------------- the modules' attributes
 
 
+def _fragment_docs():
+    """Each variable of doc_fragments/attributes.py (``""`` for DOCUMENTATION, else ``read_only``, ``facts``) as
+    YAML, read from its source as ansible-doc would load it."""
+    source = ast.parse((PLUGINS / "doc_fragments" / "attributes.py").read_text())
+    cls = next(node for node in source.body if isinstance(node, ast.ClassDef))
+    return dict(("" if node.targets[0].id == "DOCUMENTATION" else node.targets[0].id.lower(),
+                 yaml.safe_load(node.value.value)) for node in cls.body if isinstance(node, ast.Assign))
+
+
 def test_every_module_takes_the_shared_attribute_descriptions_and_states_only_its_support():
-    """check_mode, diff_mode, facts and platform are described once (doc_fragments/attributes.py, as
-    community.general's attributes fragment); a module says only its support and details. A read-only module
-    takes the fragment's read_only diff_mode, a facts module the facts description."""
+    """The author, check_mode, diff_mode, facts and platform are described once (doc_fragments/attributes.py, as
+    community.general's attributes fragment); a module says only its support and the details that say more than
+    the fragment's. A read-only module takes the fragment's read_only check and diff mode, a facts module the facts
+    description, support and details. Checked on the documentation as ansible-doc merges it (the module's keys
+    over the fragments')."""
+    fragment_docs = _fragment_docs()
     for path in sorted((PLUGINS / "modules").glob("*.py")):
         module = ast.parse(path.read_text())
         doc = next(node.value.value for node in module.body if isinstance(node, ast.Assign)
@@ -191,10 +203,21 @@ def test_every_module_takes_the_shared_attribute_descriptions_and_states_only_it
         data = yaml.safe_load(doc)
         fragments = data.get("extends_documentation_fragment") or []
         assert "gpunode.tuning.attributes" in fragments, path.name
-        attributes = data["attributes"]
-        assert attributes["check_mode"]["support"] == "full", path.name
-        for name, attribute in attributes.items():
+        assert "author" not in data, path.name
+        own = data.get("attributes") or {}
+        merged = {}
+        for fragment in fragments:
+            if fragment == "gpunode.tuning.attributes" or fragment.startswith("gpunode.tuning.attributes."):
+                for name, attribute in fragment_docs[fragment[len("gpunode.tuning.attributes."):]]["attributes"].items():
+                    merged.setdefault(name, {}).update(attribute)
+        for name, attribute in own.items():
             assert "description" not in attribute, (path.name, name)
+            assert attribute != merged.get(name), (path.name, name, "restates the fragment")
+            merged.setdefault(name, {}).update(attribute)
+        assert merged["check_mode"]["support"] == "full", path.name
+        assert all(attribute.get("description") for attribute in merged.values()), path.name
         read_only = "gpunode.tuning.attributes.read_only" in fragments
-        assert read_only == ("diff_mode" not in attributes), path.name
-        assert ("gpunode.tuning.attributes.facts" in fragments) == ("facts" in attributes), path.name
+        assert read_only == (merged["diff_mode"]["support"] == "none"), path.name
+        assert ("gpunode.tuning.attributes.facts" in fragments) == ("facts" in merged), path.name
+        if "facts" in merged:
+            assert merged["facts"]["support"] == "full" and merged["facts"]["details"], path.name
