@@ -59,6 +59,7 @@ AREAS = {
         [MU + "_slurm/conf.py", MU + "_slurm/cpus.py", MU + "_slurm/view.py", MU + "_slurm/sysfs.py",
          MU + "_slurm/topology.py", MU + "_slurm/scontrol.py"],
         [UT + "test_slurm_conf.py", UT + "test_slurm_cpus.py", UT + "test_slurm_inputs_results.py",
+         UT + "test_slurm_sysfs_reader.py", UT + "test_slurm_spec_results.py", UT + "test_slurm_conf_results.py",
          UM + "test_slurm_cpuspec.py"],
     ),
     "kernel_cmdline": (

@@ -301,7 +301,9 @@ def _token(key, value):
         if '"' in value or "\n" in value:
             raise SlurmConfError("value %r for %s cannot be written: it holds a double quote or a newline" % (value, key),
                                  value=value, expected="a value without double quotes or newlines")
-        return '%s="%s"' % (key, value.replace("#", "\\#"))
+        # Slurm strips every escaping backslash (parse_config.c _strip_escapes): a backslash is written doubled,
+        # a "#" escaped, so that the value reads back as it was given.
+        return '%s="%s"' % (key, value.replace("\\", "\\\\").replace("#", "\\#"))
     return "%s=%s" % (key, value)
 
 
