@@ -53,7 +53,8 @@ AREAS = {
     "irq_placement": (
         [MU + "_nic_irq/affinity.py", MU + "_nic_irq/pin_plan.py", MU + "_host/topology.py"],
         [UT + "test_irq_affinity.py", UT + "test_irq_affinity_numa_local.py", UT + "test_topology.py",
-         UT + "test_irq_affinity_results.py", UM + "test_nic_irq_persist.py"],
+         UT + "test_irq_affinity_results.py", UT + "test_rps.py", UM + "test_nic_irq_persist.py",
+         UM + "test_nic_irq_persist_rps.py"],
     ),
     "slurm": (
         [MU + "_slurm/conf.py", MU + "_slurm/cpus.py", MU + "_slurm/view.py", MU + "_slurm/sysfs.py",

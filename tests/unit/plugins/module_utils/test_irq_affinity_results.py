@@ -22,9 +22,9 @@ import pytest
 
 import treegen
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.affinity import (
-    apply_plan, record_refusals, restore_pins, run_desired_state, verify_pins)
+    apply_plan, record_refusals, restore_pins, run_desired_state, stored_desired_state, verify_pins)
 from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.nic_irqs import read_nic
-from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_plan import AffinityError, plan_affinity
+from ansible_collections.gpunode.tuning.plugins.module_utils._nic_irq.pin_plan import AffinityError, PlanItem, plan_affinity
 from ansible_collections.gpunode.tuning.plugins.module_utils._host.topology import read_topology
 
 SEED_NAME = "mlx5_comp%d@pci:0000:00:07.0"
@@ -266,3 +266,54 @@ def test_explicit_cpus_that_are_nohz_full_are_warned(tmp_path):
     plan = plan_affinity(*_state(tree), cpus="60-63,156-159")
     assert ("CPUs 62-63,158-159 are nohz_full or isolated with managed_irq: IRQs there disturb the isolated work"
             in plan.warnings)
+
+
+# ------------------------------------------------------------------ what is stored and shown
+
+@pytest.mark.parametrize("desired, stored", [
+    ({"cpus": "160-170"}, {"cpus": "160-170"}),
+    ({"cpus": [4, 5, 7]}, {"cpus": "4,5,7"}),
+    ({"cpus": "4-7", "count": 3}, {"cpus": "4-7"}),
+    ({"count": "3"}, {"count": 3}),
+    ({"count": 0}, {}),
+    ({"cpus": "", "count": 2, "exclude_cpus": [0, 1]}, {"count": 2, "exclude_cpus": "0,1"}),
+    ({"cpus": [], "exclude_cpus": ""}, {}),
+    ({"rps_cpus": "8-11"}, {"rps_cpus": "8-11"}),
+    ({"rps_cpus": []}, {}),
+])
+def test_the_stored_desired_state_names_the_nic_by_address_and_keeps_only_what_was_asked(desired, stored):
+    expected = {"pci_address": "0000:00:07.0", "numa_local": True, "whole_cores": True, "allow_irqbalance": False,
+                "strict": False}
+    expected.update(stored)
+    assert stored_desired_state(desired, "0000:00:07.0") == expected
+
+
+def test_the_stored_policy_flags_are_booleans_and_none_takes_the_default():
+    stored = stored_desired_state({"numa_local": 0, "whole_cores": None, "allow_irqbalance": "yes", "strict": 1},
+                                  "0000:c1:00.0")
+    assert stored == {"pci_address": "0000:c1:00.0", "numa_local": False, "whole_cores": True,
+                      "allow_irqbalance": True, "strict": True}
+
+
+def test_the_plan_diff_is_an_aligned_table_per_irq_with_unknown_shown_as_a_question_mark(seed):
+    plan = plan_affinity(*_state(seed), cpus="160-170")
+    plan.items[1].before = None
+    diff = plan.diff()
+    width = len(SEED_NAME % 10)
+    before, after = diff["before"].splitlines(), diff["after"].splitlines()
+    assert before[0] == "%-6s %-*s %-6s %s" % ("IRQ", width, "NAME", "QUEUE", "smp_affinity_list")
+    assert before[1] == "59     %-*s -      0" % (width, "mlx5_async0@pci:0000:00:07.0")
+    assert before[2] == "60     %-*s 0      ?" % (width, SEED_NAME % 0)
+    assert after[2] == "60     %-*s 0      160" % (width, SEED_NAME % 0)
+    assert after[12] == "70     %-*s 10     170" % (width, SEED_NAME % 10)
+    assert len(before) == len(after) == 13
+    assert diff["before_header"] == diff["after_header"] == "ens7 (0000:00:07.0) IRQ affinity"
+
+
+def test_a_plan_item_as_a_dict_has_cpu_lists_or_none():
+    item = PlanItem(61, "q1", "queue", 1, "rx", [1], [161, 162], None, "would_change")
+    assert item.as_dict() == {"irq": 61, "name": "q1", "kind": "queue", "queue": 1, "before": "1",
+                              "after": "161-162", "effective": None, "status": "would_change"}
+    item = PlanItem(59, "async", "control", None, None, None, None, [0, 2], "unchanged")
+    assert item.as_dict() == {"irq": 59, "name": "async", "kind": "control", "queue": None, "before": None,
+                              "after": None, "effective": "0,2", "status": "unchanged"}
