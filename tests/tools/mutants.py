@@ -25,11 +25,13 @@ error), 1 when mutmut failed, 2 for an unknown argument. ``MUTANTS_JOBS`` (defau
 from __future__ import annotations
 
 import fnmatch
+import glob
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -117,7 +119,8 @@ def setup_cfg(sources, tests):
     def lines(items):
         return "".join("\n    " + os.path.join(COLLECTION, i) for i in items)
     return ("[mutmut]\nsource_paths =%s\nalso_copy =\n    %s\npytest_add_cli_args_test_selection =%s\n"
-            "pytest_add_cli_args =\n    -p\n    no:cacheprovider\nuse_git_change_detection = false\n"
+            "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -o\n    tmp_path_retention_policy=failed\n"
+            "use_git_change_detection = false\n"
             % (lines(sources), COLLECTION, lines(tests)))
 
 
@@ -189,6 +192,34 @@ def sandboxed(scratch, argv):
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", SANDBOX, "sandbox", scratch] + argv
 
 
+def sweep_sessions(temproot, done, every=5.0):
+    """Until ``done``, every ``every`` seconds: remove each pytest session directory under ``temproot``
+    (``pytest-of-USER/pytest-N``) whose ``.lock`` names a process that has ended (or that has had no lock for a
+    minute)."""
+    while True:
+        for owner in glob.glob(os.path.join(temproot, "pytest-of-*")):
+            for session in glob.glob(os.path.join(owner, "pytest-*")):
+                if os.path.islink(session):
+                    continue
+                try:
+                    with open(os.path.join(session, ".lock"), encoding="ascii") as handle:
+                        pid = int(handle.read().strip() or 0)
+                except (OSError, ValueError):
+                    pid = None
+                if pid is None:
+                    # no lock yet (a session being made) or none left: only once it is a minute old
+                    try:
+                        ended = time.time() - os.lstat(session).st_mtime > 60
+                    except OSError:
+                        ended = False
+                else:
+                    ended = not os.path.exists("/proc/%d" % pid)
+                if ended:
+                    shutil.rmtree(session, ignore_errors=True)
+        if done.wait(every):
+            return
+
+
 def run_area(area, files, functions, scratch, reports):
     """Lay out the scratch copy, run mutmut, write the area's report; return the summary or None."""
     work = os.path.join(scratch, area)
@@ -202,12 +233,24 @@ def run_area(area, files, functions, scratch, reports):
     log_path = os.path.join(reports, area + ".log")
     started = time.time()
     with open(log_path, "w", encoding="utf-8") as log:
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        # Every mutant is a pytest session of its own, in a child that ends without running atexit, so pytest
+        # never drops the session's lock and never removes its tmp_path trees (a generated 176-CPU sysfs is tens
+        # of MB): two runs of irq_placement filled this machine's disk (2026-12-07). The trees go under the area's
+        # scratch copy, a passing test's tree is removed at its teardown (retention "failed"), and the janitor
+        # removes every session whose process has ended.
+        temproot = os.path.join(work, "pytest-tmp")
+        os.makedirs(temproot)
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTEST_DEBUG_TEMPROOT=temproot)
+        done = threading.Event()
+        janitor = threading.Thread(target=sweep_sessions, args=(temproot, done), daemon=True)
+        janitor.start()
         jobs = os.environ.get("MUTANTS_JOBS", "2")
         globs = ["*.x_%s__mutmut_*" % f for f in functions]
         mutmut = os.path.join(os.path.dirname(sys.executable), "mutmut")
         rc = subprocess.call(sandboxed(scratch, [mutmut, "run", "--max-children", jobs] + globs), cwd=work, stdout=log,
                              stderr=subprocess.STDOUT, env=env)
+        done.set()
+        janitor.join()
     if rc != 0:
         print("%s: mutmut run failed (exit %d); see %s" % (area, rc, log_path))
         return None
