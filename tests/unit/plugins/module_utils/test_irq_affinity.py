@@ -29,16 +29,6 @@ def state(tree, **selector):
 
 
 @pytest.fixture
-def seed(tmp_path):
-    return treegen.build_tree(tmp_path / "seed", treegen.seed_vm())
-
-
-@pytest.fixture
-def gpu(tmp_path):
-    return treegen.build_tree(tmp_path / "gpu", treegen.gpu_node())
-
-
-@pytest.fixture
 def lab(tmp_path):
     spec = treegen.lab_virtio()
     spec["irqbalance"]["running"] = False

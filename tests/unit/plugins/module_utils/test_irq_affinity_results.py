@@ -30,16 +30,6 @@ from ansible_collections.gpunode.tuning.plugins.module_utils._host.topology impo
 SEED_NAME = "mlx5_comp%d@pci:0000:00:07.0"
 
 
-@pytest.fixture
-def seed(tmp_path):
-    return treegen.build_tree(tmp_path / "seed", treegen.seed_vm())
-
-
-@pytest.fixture
-def gpu(tmp_path):
-    return treegen.build_tree(tmp_path / "gpu", treegen.gpu_node())
-
-
 def _state(tree, **selector):
     return read_nic(selector or {}, procfs=tree.proc, sysfs=tree.sys), read_topology(tree.sys, tree.proc)
 

@@ -85,27 +85,21 @@ def test_percent_c_without_a_cluster_name_before_it_is_refused(tmp_path):
     assert err.details["expected"] == "ClusterName set before the include"
 
 
-def test_a_glob_include_is_refused(tmp_path):
-    err = _refusal(_etc(tmp_path, {"slurm.conf": "\ninclude nodes*.conf\n"}))
-    assert str(err) == "/etc/slurm/slurm.conf line 2: include nodes*.conf is a glob, which Slurm does not read"
-    assert (err.details["path"], err.details["value"], err.details["expected"]) == (
-        "/etc/slurm/slurm.conf line 2", "nodes*.conf", "one file name")
-
-
-def test_an_include_cycle_is_refused_naming_where(tmp_path):
-    err = _refusal(_etc(tmp_path, {"slurm.conf": "include a.conf\n", "a.conf": "\n\ninclude b.conf\n",
-                                   "b.conf": "include a.conf\n"}))
-    assert str(err) == "/etc/slurm/b.conf line 1 includes /etc/slurm/a.conf, which includes it again"
-    assert (err.details["path"], err.details["value"], err.details["expected"]) == (
-        "/etc/slurm/a.conf", "/etc/slurm/a.conf", "includes without a cycle")
-
-
-def test_a_file_included_twice_is_refused(tmp_path):
-    err = _refusal(_etc(tmp_path, {"slurm.conf": "include a.conf\ninclude b.conf\n", "a.conf": "MaxJobCount=1\n",
-                                   "b.conf": "include a.conf\n"}))
-    assert str(err) == "/etc/slurm/a.conf is included twice"
-    assert (err.details["path"], err.details["value"], err.details["expected"]) == (
-        "/etc/slurm/a.conf", "/etc/slurm/a.conf", "each file read once")
+@pytest.mark.parametrize("files, message, details", [
+    ({"slurm.conf": "\ninclude nodes*.conf\n"},
+     "/etc/slurm/slurm.conf line 2: include nodes*.conf is a glob, which Slurm does not read",
+     ("/etc/slurm/slurm.conf line 2", "nodes*.conf", "one file name")),
+    ({"slurm.conf": "include a.conf\n", "a.conf": "\n\ninclude b.conf\n", "b.conf": "include a.conf\n"},
+     "/etc/slurm/b.conf line 1 includes /etc/slurm/a.conf, which includes it again",
+     ("/etc/slurm/a.conf", "/etc/slurm/a.conf", "includes without a cycle")),
+    ({"slurm.conf": "include a.conf\ninclude b.conf\n", "a.conf": "MaxJobCount=1\n", "b.conf": "include a.conf\n"},
+     "/etc/slurm/a.conf is included twice",
+     ("/etc/slurm/a.conf", "/etc/slurm/a.conf", "each file read once")),
+], ids=["glob", "cycle", "twice"])
+def test_a_glob_a_cycle_and_a_file_included_twice_are_refused_naming_where(tmp_path, files, message, details):
+    err = _refusal(_etc(tmp_path, files))
+    assert str(err) == message
+    assert (err.details["path"], err.details["value"], err.details["expected"]) == details
 
 
 def _chain(levels):
